@@ -1,0 +1,10 @@
+"""refmount: mount a kerchunk reference set as a read-only directory tree (FUSE)."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("refmount")
+except PackageNotFoundError:  # running from a source tree without installation
+    __version__ = "0.0.0+unknown"

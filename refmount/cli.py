@@ -1,0 +1,168 @@
+"""Command line: ``refmount SOURCE MOUNTPOINT [-o opt[,opt...]] [-f] [-d]``.
+
+Loading and validating the references happens here, in the foreground, so that a bad
+reference set is reported on stderr with a non-zero exit and no mount is left. Then a
+fresh daemon process is started (not forked: the parser's heap and threads stay behind)
+and we return 0 once it reports that the mount answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+
+from . import __version__
+from .config import OPTION_HELP, ConfigError, MountConfig, apply_options, split_options
+from .daemon import MountError, check_mountpoint, serve, setup_logging
+from .refs import IndexFile, ReferenceSetError, prepare_index
+
+log = logging.getLogger("refmount")
+
+READY_TIMEOUT = 120.0
+
+
+def _parser() -> argparse.ArgumentParser:
+    width = max(len(k) for k in OPTION_HELP) + 2
+    table = "\n".join(f"  {k:<{width}}{v}" for k, v in OPTION_HELP.items())
+    p = argparse.ArgumentParser(
+        prog="refmount",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Mount a kerchunk reference set (Version 0/1 JSON, or a Parquet "
+        "reference directory) as a read-only directory tree.",
+        epilog=f"mount options (-o):\n{table}\n\n"
+        "Generic mount options (ro, nodev, nosuid, _netdev, noauto, x-systemd.*, ...) are "
+        "accepted and ignored.\nUnmount with: fusermount3 -u MOUNTPOINT",
+    )
+    p.add_argument("source", metavar="SOURCE", help="reference set: local path or fsspec URL "
+                   "(.gz/.bz2/.xz/.zst compression inferred from the name)")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing directory")
+    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
+                   help="mount options, see below")
+    p.add_argument("-f", "--foreground", action="store_true",
+                   help="stay in the foreground (log to stderr unless log= says otherwise)")
+    p.add_argument("-d", "--debug", action="store_true",
+                   help="foreground with debug logging (implies -f)")
+    p.add_argument("--version", action="version", version=f"refmount {__version__}")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> MountConfig:
+    source = args.source
+    if "://" not in source and "::" not in source:
+        source = os.path.abspath(source)
+    cfg = MountConfig(source=source, mountpoint=os.path.abspath(args.mountpoint))
+    apply_options(cfg, [o for group in args.options for o in split_options(group)])
+    if args.debug:
+        cfg.debug = True
+        cfg.log_level = "debug"
+        cfg.foreground = True
+    if args.foreground:
+        cfg.foreground = True
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        return _fail("interrupted")
+    except Exception as e:  # never a traceback for bad input: one line, non-zero exit
+        log.debug("unexpected error", exc_info=True)
+        return _fail(f"unexpected {type(e).__name__}: {e}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as e:
+        return _fail(str(e))
+    # Until the daemon takes over, warnings (e.g. skipped keys) go to stderr.
+    logging.basicConfig(level=logging.WARNING, format="refmount: %(levelname)s: %(message)s")
+    try:
+        check_mountpoint(cfg.mountpoint)
+        index_file = prepare_index(cfg)
+    except (ReferenceSetError, MountError) as e:
+        return _fail(str(e))
+    except MemoryError:
+        return _fail(f"{cfg.source}: out of memory while indexing the reference set")
+    if cfg.foreground:
+        setup_logging(cfg, detached=False)
+        try:
+            return serve(cfg, index_file, on_ready=lambda: None)
+        except MountError as e:
+            return _fail(str(e))
+    return _spawn_daemon(cfg, index_file)
+
+
+def _fail(message: str) -> int:
+    print(f"refmount: error: {message}", file=sys.stderr)
+    return 1
+
+
+def _spawn_daemon(cfg: MountConfig, index_file: IndexFile) -> int:
+    read_fd, write_fd = os.pipe()
+    payload = {"config": vars(cfg), "index": vars(index_file)}
+    import json
+
+    with tempfile.TemporaryFile() as errlog:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "refmount.daemon", "--ready-fd", str(write_fd),
+             cfg.mountpoint],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=errlog,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+        )
+        os.close(write_fd)
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(payload).encode())
+        proc.stdin.close()
+        message = _read_ready(read_fd, READY_TIMEOUT)
+        os.close(read_fd)
+        if message == "READY":
+            return 0
+        # The daemon failed: make sure it is gone and left nothing behind.
+        if message is None:
+            proc.terminate()
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        if index_file.temporary and os.path.exists(index_file.path):
+            os.unlink(index_file.path)
+        if message and message.startswith("ERROR "):
+            return _fail(message[6:])
+        errlog.seek(0)
+        tail = [ln for ln in errlog.read().decode(errors="replace").splitlines() if ln.strip()]
+        why = tail[-1] if tail else f"exit status {code}"
+        if message is None:
+            return _fail(f"the mount did not answer within {READY_TIMEOUT:g} s ({why})")
+        return _fail(f"daemon exited during start-up: {why}")
+
+
+def _read_ready(fd: int, timeout: float) -> str | None:
+    """The daemon's one-line report; '' on EOF without a report; None on timeout."""
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        buf += chunk
+    return buf.split(b"\n", 1)[0].decode(errors="replace")

@@ -1,0 +1,253 @@
+"""The serving process: map the index, mount, answer FUSE requests on trio, unmount.
+
+Started either in the foreground (``refmount -f``) or as a detached child of the CLI
+(``python -m refmount.daemon``), which receives its configuration as JSON on stdin (not
+argv, to keep secrets out of ``ps``) and reports readiness on an inherited pipe.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import logging.handlers
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyfuse3
+import trio
+
+from .cache import MemoryLRU
+from .config import MountConfig
+from .fetch import Fetcher, redact_url
+from .fs import RefFS
+from .reader import RefReader
+from .refs import IndexFile, KeyIndex
+from .stats import Stats
+from .tree import KeyTree
+
+log = logging.getLogger("refmount")
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class MountError(RuntimeError):
+    """Mounting failed; the message is for the user."""
+
+
+def setup_logging(cfg: MountConfig, detached: bool) -> str:
+    """Configure the root logger; returns a description of where logs go."""
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    target = cfg.log or ("syslog" if detached else "stderr")
+    handler: logging.Handler
+    if target == "syslog" and not os.path.exists("/dev/log"):
+        os.makedirs(os.path.join(cfg.cache_dir, "log"), exist_ok=True)
+        name = cfg.mountpoint.strip("/").replace("/", "_") or "root"
+        target = os.path.join(cfg.cache_dir, "log", f"{name}.log")
+    if target == "stderr":
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    elif target == "syslog":
+        handler = logging.handlers.SysLogHandler(address="/dev/log")
+        handler.setFormatter(logging.Formatter(f"refmount[{os.getpid()}]: %(levelname)s %(message)s"))
+    else:
+        handler = logging.FileHandler(target)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root.addHandler(handler)
+    root.setLevel(cfg.log_level.upper())
+    # Third-party chatter stays at warning unless we debug.
+    for noisy in ("fsspec", "aiohttp", "botocore", "s3fs", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if cfg.debug else logging.WARNING)
+    return target
+
+
+def check_mountpoint(path: str) -> None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise MountError(f"mountpoint {path} does not exist") from None
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            raise MountError(
+                f"mountpoint {path} is a stale FUSE mount (its daemon died); "
+                f"clear it with 'fusermount3 -uz {path}' and mount again"
+            ) from None
+        raise MountError(f"mountpoint {path}: {e.strerror}") from None
+    if not os.path.isdir(path):
+        raise MountError(f"mountpoint {path} is not a directory")
+    if os.path.ismount(path) and st.st_dev != os.stat(os.path.dirname(path) or "/").st_dev:
+        raise MountError(f"mountpoint {path} is already mounted (unmount it first)")
+
+
+def fuse_options(cfg: MountConfig) -> set[str]:
+    fsname = redact_url(cfg.fsname or cfg.source)
+    fsname = "".join("_" if c in ",\\ \t\n" else c for c in fsname)[:200]
+    opts = {"ro", "nodev", "nosuid", "default_permissions", f"fsname={fsname}",
+            f"subtype={cfg.subtype}"}
+    if cfg.allow_other:
+        opts.add("allow_other")
+    elif cfg.allow_root:
+        opts.add("allow_root")
+    if cfg.debug:
+        opts.add("debug")
+    return opts
+
+
+def sd_notify(message: str) -> None:
+    """systemd's notify protocol: one datagram to $NOTIFY_SOCKET (no-op without it)."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            s.sendall(message.encode())
+    except OSError as e:
+        log.warning("cannot notify systemd at %s: %s", addr, e.strerror)
+
+
+def build_filesystem(cfg: MountConfig, index: KeyIndex, mtime_ns: int) -> RefFS:
+    stats = Stats()
+    fetcher = Fetcher(
+        cfg.remote_protocol,
+        cfg.remote_options,
+        timeout=cfg.timeout,
+        retries=cfg.retries,
+        max_connections=cfg.max_connections,
+        stats=stats,
+    )
+    reader = RefReader(
+        fetcher,
+        MemoryLRU(cfg.memory_cache_size),
+        whole_fetch_limit=cfg.whole_fetch_limit,
+        block_size=cfg.block_size,
+        stats=stats,
+    )
+    lengths = index._lengths
+    info = {
+        "source": redact_url(cfg.source),
+        "keys": str(index.n),
+        "targets": str(index.url_count() if index.n else 0),
+        "referenced_bytes": str(int(np.sum(lengths[lengths > 0])) if index.n else 0),
+    }
+    return RefFS(
+        KeyTree(index),
+        reader,
+        stats,
+        uid=cfg.uid,
+        gid=cfg.gid,
+        umask=cfg.umask,
+        attr_timeout=cfg.attr_timeout,
+        mtime_ns=mtime_ns,
+        info=info,
+    )
+
+
+def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None]) -> int:
+    """Mount and serve until unmounted or signalled. Raises MountError before mounting."""
+    check_mountpoint(cfg.mountpoint)
+    index = KeyIndex.open(index_file.path)
+    mtime_ns = os.stat(index_file.path).st_mtime_ns
+    if index_file.temporary:
+        os.unlink(index_file.path)  # the mapping keeps it alive; nothing left behind
+    ops = build_filesystem(cfg, index, mtime_ns)
+    try:
+        pyfuse3.init(ops, cfg.mountpoint, fuse_options(cfg))
+    except RuntimeError as e:
+        raise MountError(f"cannot mount on {cfg.mountpoint}: {e}") from None
+    log.info(
+        "mounted %s on %s: %d keys (options: %s)",
+        redact_url(cfg.source), cfg.mountpoint, index.n, describe_options(cfg),
+    )
+    try:
+        trio.run(_main, cfg, on_ready)
+    finally:
+        pyfuse3.close(unmount=True)
+        stats = ops.stats.as_dict()
+        log.info(
+            "unmounted %s: %d reads, %d bytes read, %d fetches, %d bytes fetched, "
+            "%d errors, %d retries",
+            cfg.mountpoint, stats["reads"], stats["bytes_read"], stats["requests"],
+            stats["bytes_fetched"], stats["errors"], stats["retries"],
+        )
+    return 0
+
+
+async def _main(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_fuse_main, cfg, nursery)
+        nursery.start_soon(_stop_on_signal, nursery)
+        # The mount answers once a stat from another thread comes back through our loop.
+        await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
+        on_ready()
+        sd_notify("READY=1\nSTATUS=serving " + cfg.mountpoint)
+
+
+async def _fuse_main(cfg: MountConfig, nursery: trio.Nursery) -> None:
+    await pyfuse3.main(min_tasks=4, max_tasks=cfg.max_tasks)
+    nursery.cancel_scope.cancel()  # unmounted from outside (fusermount3 -u)
+
+
+async def _stop_on_signal(nursery: trio.Nursery) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("received %s, unmounting", signal.Signals(signum).name)
+            sd_notify("STOPPING=1")
+            pyfuse3.terminate()
+            return
+
+
+def describe_options(cfg: MountConfig) -> str:
+    shown: dict[str, Any] = {}
+    for k, v in vars(cfg).items():
+        if k in ("source", "mountpoint"):
+            continue
+        if k in ("remote_options", "target_options") and v:
+            v = {key: "***" for key in v}  # keys only: values may be credentials
+        shown[k] = v
+    return json.dumps(shown, sort_keys=True)
+
+
+def _detached_main() -> int:
+    """Entry of the detached daemon: config on stdin, readiness on --ready-fd."""
+    ready_fd = int(sys.argv[sys.argv.index("--ready-fd") + 1])
+    payload = json.loads(sys.stdin.read())
+    cfg = MountConfig(**payload["config"])
+    index_file = IndexFile(**payload["index"])
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(devnull, fd)
+    os.chdir("/")
+    ready = os.fdopen(ready_fd, "w")
+
+    def report(message: str) -> None:
+        try:
+            ready.write(message + "\n")
+            ready.close()
+        except OSError:
+            pass
+
+    try:
+        setup_logging(cfg, detached=True)
+        os.dup2(devnull, 2)  # from here on everything goes to the log
+        return serve(cfg, index_file, lambda: report("READY"))
+    except MountError as e:
+        report(f"ERROR {e}")
+        return 1
+    except Exception as e:
+        log.exception("daemon failed")
+        report(f"ERROR daemon failed: {type(e).__name__}: {e}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(_detached_main())

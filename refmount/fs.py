@@ -1,0 +1,268 @@
+"""FUSE operations: translate kernel requests into tree lookups and reader calls.
+
+No parsing or fetching happens here. Every handler goes through ``_guard`` so that any
+exception becomes an errno reply and a log line: pyfuse3 ends the whole mount when a
+non-FUSEError exception escapes a handler.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import logging
+import os
+import stat
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pyfuse3
+
+from .fetch import FetchError, redact_url
+from .reader import RefReader
+from .refs import Ref, RefKind
+from .stats import Stats
+from .tree import KeyTree, Node
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+XATTR_PREFIX = b"user.refmount."
+
+
+def _guard(fn: F) -> F:
+    @functools.wraps(fn)
+    async def wrapper(self: RefFS, *args: Any) -> Any:
+        try:
+            return await fn(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except FetchError as e:
+            self.stats.errors += 1
+            log.error("%s failed: %s", fn.__name__, e)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        except Exception:
+            self.stats.errors += 1
+            log.exception("%s%r raised", fn.__name__, args[:2])
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _erofs(name: str) -> Callable[..., Awaitable[Any]]:
+    async def handler(self: RefFS, *args: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    handler.__name__ = name
+    return handler
+
+
+class _Handle:
+    __slots__ = ("node", "ref")
+
+    def __init__(self, node: Node, ref: Ref) -> None:
+        self.node = node
+        self.ref = ref
+
+
+class RefFS(pyfuse3.Operations):
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(
+        self,
+        tree: KeyTree,
+        reader: RefReader,
+        stats: Stats,
+        *,
+        uid: int,
+        gid: int,
+        umask: int,
+        attr_timeout: float,
+        mtime_ns: int,
+        info: dict[str, str],
+    ) -> None:
+        super().__init__()
+        self.tree = tree
+        self.reader = reader
+        self.stats = stats
+        self.uid, self.gid = uid, gid
+        self.file_mode = stat.S_IFREG | (0o666 & ~umask)
+        self.dir_mode = stat.S_IFDIR | (0o777 & ~umask)
+        self.timeout = attr_timeout
+        self.mtime_ns = mtime_ns
+        self.info = info  # shown as xattrs on the root
+        self._handles: dict[int, _Handle] = {}
+        self._next_fh = 1
+
+    # ---- attributes ---------------------------------------------------------------------
+    def _attr(self, node: Node, size: int) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = node.ino
+        a.generation = 0
+        a.entry_timeout = self.timeout
+        a.attr_timeout = self.timeout
+        if node.is_dir:
+            a.st_mode = self.dir_mode
+            a.st_nlink = 1  # unknown number of subdirectories (find then uses d_type)
+            a.st_size = 0
+        else:
+            a.st_mode = self.file_mode
+            a.st_nlink = 1
+            if size < 0:  # whole-file target not measured yet: let the kernel ask again
+                size = 0
+                a.entry_timeout = a.attr_timeout = 0
+            a.st_size = size
+            a.st_blocks = (size + 511) // 512
+        a.st_uid, a.st_gid = self.uid, self.gid
+        a.st_blksize = 1 << 17
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.mtime_ns
+        return a
+
+    async def _node_attr(self, node: Node) -> pyfuse3.EntryAttributes:
+        size = 0
+        if not node.is_dir:
+            size = self.tree.known_size(node)
+            if size < 0:
+                size = await self.reader.size(self.tree.ref(node))
+        return self._attr(node, size)
+
+    def _node(self, ino: int) -> Node:
+        node = self.tree.node(ino)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return node
+
+    # ---- lookups ------------------------------------------------------------------------
+    @_guard
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        parent = self._node(parent_inode)
+        node = self.tree.lookup(parent, name)
+        if node is None:
+            miss = pyfuse3.EntryAttributes()
+            miss.st_ino = 0  # a negative entry the kernel may cache: the set never changes
+            miss.entry_timeout = self.timeout
+            return miss
+        return await self._node_attr(node)
+
+    @_guard
+    async def getattr(self, inode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        return await self._node_attr(self._node(inode))
+
+    async def forget(self, inode_list: Any) -> None:
+        pass  # inode numbers are computed from the index: nothing to free
+
+    # ---- directories --------------------------------------------------------------------
+    @_guard
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        if not self._node(inode).is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return inode
+
+    @_guard
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        node = self._node(fh)
+        # Offsets: 1 and 2 follow "." and ".."; the tree's resume tokens are shifted by 2.
+        if start_id < 1 and not pyfuse3.readdir_reply(token, b".", self._attr(node, 0), 1):
+            return
+        if start_id < 2:
+            parent = self.tree.parent(node)
+            if not pyfuse3.readdir_reply(token, b"..", self._attr(parent, 0), 2):
+                return
+        for name, child, next_id in self.tree.children(node, max(start_id - 2, 0)):
+            size = 0 if child.is_dir else self.tree.known_size(child)
+            if not pyfuse3.readdir_reply(token, name, self._attr(child, size), next_id + 2):
+                break
+
+    async def releasedir(self, fh: int) -> None:
+        pass
+
+    # ---- files --------------------------------------------------------------------------
+    @_guard
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        node = self._node(inode)
+        if node.is_dir:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = _Handle(node, self.tree.ref(node))
+        self.stats.open_files += 1
+        # The bytes never change: let the kernel keep its page cache across opens.
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    @_guard
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        h = self._handles.get(fh)
+        if h is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        self.stats.reads += 1
+        try:
+            data = await self.reader.read(h.ref, off, size)
+        except FetchError as e:
+            self.stats.errors += 1
+            log.error("read failed: key=%s %s", self.tree.path(h.node).decode(errors="replace"), e)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        self.stats.bytes_read += len(data)
+        return data
+
+    async def release(self, fh: int) -> None:
+        if self._handles.pop(fh, None) is not None:
+            self.stats.open_files -= 1
+
+    @_guard
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = 4096
+        s.f_blocks = int(self.info.get("referenced_bytes", "0")) // 4096
+        s.f_bfree = s.f_bavail = 0
+        s.f_files = len(self.tree)
+        s.f_ffree = s.f_favail = 0
+        s.f_namemax = 255
+        return s
+
+    # ---- extended attributes ------------------------------------------------------------
+    def _xattrs(self, node: Node) -> dict[bytes, bytes]:
+        if node.ino == pyfuse3.ROOT_INODE:
+            out = {XATTR_PREFIX + k.encode(): v.encode() for k, v in self.info.items()}
+            out[XATTR_PREFIX + b"stats"] = json.dumps(self.stats.as_dict()).encode()
+            return out
+        if node.is_dir:
+            return {}
+        ref = self.tree.ref(node)
+        if ref.kind is RefKind.INLINE:
+            return {XATTR_PREFIX + b"inline": str(ref.length).encode()}
+        assert ref.url is not None
+        out = {XATTR_PREFIX + b"url": redact_url(ref.url).encode()}
+        if ref.kind is RefKind.RANGE:
+            out[XATTR_PREFIX + b"offset"] = str(ref.offset).encode()
+            out[XATTR_PREFIX + b"length"] = str(ref.length).encode()
+        return out
+
+    @_guard
+    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        value = self._xattrs(self._node(inode)).get(name)
+        if value is None:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return value
+
+    @_guard
+    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+        return list(self._xattrs(self._node(inode)))
+
+    # ---- everything that would change the tree: read-only ------------------------------
+    setattr = _erofs("setattr")
+    mknod = _erofs("mknod")
+    mkdir = _erofs("mkdir")
+    unlink = _erofs("unlink")
+    rmdir = _erofs("rmdir")
+    symlink = _erofs("symlink")
+    rename = _erofs("rename")
+    link = _erofs("link")
+    create = _erofs("create")
+    write = _erofs("write")
+    setxattr = _erofs("setxattr")
+    removexattr = _erofs("removexattr")

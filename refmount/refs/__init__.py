@@ -1,0 +1,84 @@
+"""Reference sets: parsing every format of the spec into one columnar, persisted index.
+
+``prepare_index(cfg)`` runs in the foreground (errors reach the user before any mount),
+writes the index file and returns its path; the daemon then only memory-maps it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+
+from ..config import MountConfig
+from .index import INDEX_FORMAT, IndexBuilder, KeyIndex, write_index
+from .jsonrefs import detect_version, read_v0
+from .model import Ref, ReferenceSetError, RefKind
+from .source import open_source, source_identity
+
+__all__ = [
+    "IndexFile",
+    "KeyIndex",
+    "Ref",
+    "RefKind",
+    "ReferenceSetError",
+    "build_index",
+    "prepare_index",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class IndexFile:
+    path: str
+    temporary: bool  # delete once the daemon has mapped it
+    reused: bool  # an unchanged set's persisted index was found
+
+
+def build_index(source: str, target_options: dict, bad_keys: str = "error") -> IndexBuilder:
+    """Parse SOURCE into an IndexBuilder (not yet sorted or validated)."""
+    def opener():
+        return open_source(source, target_options)
+
+    version = detect_version(opener, source)
+    builder = IndexBuilder(bad_keys)
+    if version == 0:
+        read_v0(opener, source, builder)
+    else:
+        from .v1 import read_v1
+
+        read_v1(opener, source, builder)
+    return builder
+
+
+def prepare_index(cfg: MountConfig) -> IndexFile:
+    identity = source_identity(cfg.source, cfg.target_options, f"{INDEX_FORMAT}|{cfg.bad_keys}")
+    cached = None
+    if cfg.disk_cache and identity:
+        cached = os.path.join(cfg.cache_dir, "index", identity + ".arrow")
+        if os.path.exists(cached):
+            try:
+                KeyIndex.open(cached)
+                return IndexFile(cached, temporary=False, reused=True)
+            except Exception as e:  # corrupt or old: rebuild
+                log.warning("persisted index %s unusable (%s); rebuilding", cached, e)
+
+    builder = build_index(cfg.source, cfg.target_options, cfg.bad_keys)
+    table = builder.finish()
+    if builder.skipped:
+        log.warning("skipped %d keys that cannot be paths (bad_keys=skip), e.g. %r",
+                    len(builder.skipped), builder.skipped[0])
+    meta = {"source": cfg.source, "keys": str(table.num_rows)}
+    if cached:
+        try:
+            write_index(table, cached, meta)
+            return IndexFile(cached, temporary=False, reused=False)
+        except OSError as e:
+            log.warning("cannot persist the index in %s (%s); using a temporary file",
+                        cfg.cache_dir, e.strerror)
+    tmpdir = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    path = os.path.join(tmpdir, f"refmount-index-{os.getpid()}-{id(table):x}.arrow")
+    write_index(table, path, meta)
+    return IndexFile(path, temporary=True, reused=False)

@@ -1,0 +1,426 @@
+"""The columnar key index: one sorted Arrow table, persisted as an Arrow IPC file and
+memory-mapped by the daemon.
+
+There is no Python object per key. A reference set of ten million keys is a few
+contiguous buffers (sorted key bytes + offsets, kinds, URL ids, offsets, lengths, inline
+bytes), so lookups are binary searches over a memory map and a remount of an unchanged
+set only maps the file again.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import bisect
+import contextlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .model import INT64_MAX, Ref, ReferenceSetError, RefKind
+
+log = logging.getLogger(__name__)
+
+INDEX_FORMAT = "refmount-index-1"
+_BATCH = 1 << 16
+_MAX_DEPTH = 4095  # directory inode numbers keep the depth in 12 bits (see tree.py)
+_NAME_MAX = 255
+
+SCHEMA = pa.schema(
+    [
+        ("key", pa.large_binary()),  # UTF-8 key, sorted bytewise, unique
+        ("kind", pa.int8()),  # RefKind
+        ("url", pa.dictionary(pa.int32(), pa.large_string())),  # index 0 when no URL
+        ("offset", pa.int64()),
+        ("length", pa.int64()),  # -1: whole target of unknown size
+        ("data", pa.large_binary()),  # inline bytes; empty for other kinds
+    ]
+)
+
+
+def _short(key: str) -> str:
+    return repr(key if len(key) <= 80 else key[:77] + "...")
+
+
+class IndexBuilder:
+    """Accumulates references in Arrow batches, then sorts, validates and writes them."""
+
+    def __init__(self, bad_keys: str = "error") -> None:
+        self.bad_keys = bad_keys
+        self._url_ids: dict[str, int] = {}
+        self._batches: list[pa.RecordBatch] = []
+        self._reset()
+        self.skipped: list[str] = []
+
+    def _reset(self) -> None:
+        self._keys: list[str] = []
+        self._kinds: list[int] = []
+        self._urls: list[int] = []
+        self._offs: list[int] = []
+        self._lens: list[int] = []
+        self._data: list[bytes] = []
+
+    def _url_id(self, url: object, key: str) -> int:
+        if type(url) is not str or not url:
+            raise ReferenceSetError(f"key {_short(key)}: URL must be a non-empty string")
+        uid = self._url_ids.get(url)
+        if uid is None:
+            uid = self._url_ids[url] = len(self._url_ids)
+        return uid
+
+    def add_inline(self, key: str, data: bytes) -> None:
+        self._keys.append(key)
+        self._kinds.append(RefKind.INLINE)
+        self._urls.append(0)
+        self._offs.append(0)
+        self._lens.append(len(data))
+        self._data.append(data)
+        if len(self._keys) >= _BATCH:
+            self._flush()
+
+    def add_range(self, key: str, url: object, offset: object, length: object) -> None:
+        if type(offset) is not int or type(length) is not int:
+            raise ReferenceSetError(
+                f"key {_short(key)}: offset and length must be integers, "
+                f"got {json.dumps(offset, default=str)} and {json.dumps(length, default=str)}"
+            )
+        if offset < 0 or length < 0 or offset > INT64_MAX or offset + length > INT64_MAX:
+            raise ReferenceSetError(
+                f"key {_short(key)}: offset {offset} / length {length} out of range "
+                "(must be non-negative and fit in 64 bits)"
+            )
+        uid = self._url_id(url, key)
+        self._keys.append(key)
+        self._kinds.append(RefKind.RANGE)
+        self._urls.append(uid)
+        self._offs.append(offset)
+        self._lens.append(length)
+        self._data.append(b"")
+        if len(self._keys) >= _BATCH:
+            self._flush()
+
+    def add_whole(self, key: str, url: object) -> None:
+        uid = self._url_id(url, key)
+        self._keys.append(key)
+        self._kinds.append(RefKind.WHOLE)
+        self._urls.append(uid)
+        self._offs.append(0)
+        self._lens.append(-1)
+        self._data.append(b"")
+        if len(self._keys) >= _BATCH:
+            self._flush()
+
+    def add_value(self, key: str, value: Any, render_url: Callable[[str], str] | None = None) -> None:
+        """Add one Version 0 style value (also used for Version 1 ``refs``)."""
+        t = type(value)
+        if t is list:
+            n = len(value)
+            if n == 3:
+                url = value[0]
+                if render_url is not None and type(url) is str:
+                    url = render_url(url)
+                self.add_range(key, url, value[1], value[2])
+            elif n == 1:
+                url = value[0]
+                if render_url is not None and type(url) is str:
+                    url = render_url(url)
+                self.add_whole(key, url)
+            else:
+                raise ReferenceSetError(
+                    f"key {_short(key)}: a list value must be [url] or [url, offset, length], "
+                    f"got {n} elements"
+                )
+        elif t is str:
+            self.add_inline(key, decode_inline(key, value))
+        elif t is dict:
+            # The spec: an object value is a JSON file; render it as fsspec does.
+            self.add_inline(key, json.dumps(value, default=float).encode())
+        else:
+            raise ReferenceSetError(
+                f"key {_short(key)}: value must be a string, a JSON object or a list, "
+                f"got {type(value).__name__ if value is not None else 'null'}"
+            )
+
+    def add_columns(
+        self,
+        keys: pa.Array,
+        urls: pa.Array,
+        offsets: np.ndarray | None,
+        lengths: np.ndarray | None,
+        where: str,
+    ) -> None:
+        """Add a batch of generated references (ranges, or whole targets when offsets is None)."""
+        self._flush()
+        n = len(keys)
+        if pc.any(pc.equal(pc.binary_length(urls), 0)).as_py():
+            raise ReferenceSetError(f"{where}: a rendered URL is empty")
+        encoded = pc.dictionary_encode(urls)
+        mapping = np.fromiter(
+            (self._url_id(u, where) for u in encoded.dictionary.to_pylist()), np.int32
+        )
+        url_ids = mapping[encoded.indices.to_numpy()]
+        if offsets is None or lengths is None:
+            kind, offs, lens = RefKind.WHOLE, np.zeros(n, np.int64), np.full(n, -1, np.int64)
+        else:
+            kind, offs, lens = RefKind.RANGE, offsets, lengths
+            if (offs < 0).any() or (lens < 0).any() or (offs > INT64_MAX - lens).any():
+                raise ReferenceSetError(f"{where}: a rendered offset or length is negative or too large")
+        self._batches.append(
+            pa.record_batch(
+                [
+                    keys.cast(pa.large_binary()),
+                    pa.array(np.full(n, int(kind), np.int8)),
+                    pa.array(url_ids, pa.int32()),
+                    pa.array(offs, pa.int64()),
+                    pa.array(lens, pa.int64()),
+                    _empty_binary(n),
+                ],
+                names=["key", "kind", "url", "offset", "length", "data"],
+            )
+        )
+
+    def _flush(self) -> None:
+        if not self._keys:
+            return
+        try:
+            keys = pa.array(self._keys, pa.large_string()).cast(pa.large_binary())
+        except (pa.ArrowInvalid, UnicodeEncodeError):
+            bad = next(k for k in self._keys if not _encodable(k))
+            raise ReferenceSetError(f"key {bad!r} is not valid Unicode text") from None
+        self._batches.append(
+            pa.record_batch(
+                [
+                    keys,
+                    pa.array(self._kinds, pa.int8()),
+                    pa.array(self._urls, pa.int32()),
+                    pa.array(self._offs, pa.int64()),
+                    pa.array(self._lens, pa.int64()),
+                    pa.array(self._data, pa.large_binary()),
+                ],
+                names=["key", "kind", "url", "offset", "length", "data"],
+            )
+        )
+        self._reset()
+
+    def __len__(self) -> int:
+        return sum(b.num_rows for b in self._batches) + len(self._keys)
+
+    def finish(self) -> pa.Table:
+        """Sort, de-duplicate (last value wins, as in a JSON object), validate keys."""
+        self._flush()
+        plain = pa.schema([(f.name, pa.int32() if f.name == "url" else f.type) for f in SCHEMA])
+        table = pa.Table.from_batches(self._batches, schema=plain).combine_chunks()
+        self._batches = []
+        if table.num_rows:
+            # Arrow's sort is stable: among duplicate keys the last one read stays last.
+            table = table.take(pc.sort_indices(table["key"]))
+            keys = table["key"]
+            if table.num_rows > 1:
+                same_as_next = pc.equal(keys.slice(0, len(keys) - 1), keys.slice(1))
+                if pc.any(same_as_next).as_py():
+                    keep = pc.invert(pa.concat_arrays([*same_as_next.chunks, pa.array([False])]))
+                    table = table.filter(keep)
+            table = self._check_keys(table)
+        urls = pa.array(list(self._url_ids) or [""], pa.large_string())
+        url_col = pa.DictionaryArray.from_arrays(table["url"].combine_chunks(), urls)
+        return pa.table(
+            [table["key"], table["kind"], url_col, table["offset"], table["length"], table["data"]],
+            schema=SCHEMA,
+        )
+
+    def _reject(self, table: pa.Table, bad: pa.Array, reason: Callable[[str], str]) -> pa.Table:
+        bad = bad.combine_chunks() if isinstance(bad, pa.ChunkedArray) else bad
+        if not pc.any(bad).as_py():
+            return table
+        names = [k.decode() for k in table["key"].filter(bad).to_pylist()]
+        if self.bad_keys == "error":
+            more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+            raise ReferenceSetError(f"key {_short(names[0])} {reason(names[0])}{more}")
+        self.skipped.extend(names)
+        return table.filter(pc.invert(bad))
+
+    def _check_keys(self, table: pa.Table) -> pa.Table:
+        text = table["key"].cast(pa.large_string())
+        table = self._reject(
+            table,
+            pc.match_substring_regex(text, r"(^|/)\.{0,2}(/|$)"),
+            lambda k: "cannot be a path: it has an empty, '.' or '..' component"
+            if k
+            else "is empty",
+        )
+        text = table["key"].cast(pa.large_string())
+        table = self._reject(
+            table, pc.match_substring(text, "\x00"), lambda k: "contains a NUL character"
+        )
+        long_rows = pc.greater(pc.binary_length(table["key"]), _NAME_MAX)
+        if pc.any(long_rows).as_py():
+            bad = pa.array(
+                [
+                    k is not None and max(len(c) for c in k.split(b"/")) > _NAME_MAX
+                    for k in pc.if_else(long_rows, table["key"], None).to_pylist()
+                ]
+            )
+            table = self._reject(
+                table, bad, lambda k: f"has a path component over {_NAME_MAX} bytes"
+            )
+        text = table["key"].cast(pa.large_string())
+        table = self._reject(
+            table,
+            pc.greater_equal(pc.count_substring(text, "/"), _MAX_DEPTH),
+            lambda k: f"is nested deeper than {_MAX_DEPTH} directories",
+        )
+        # A key that is also a directory (another key lies under "key/"): refuse or drop
+        # the file, since a path cannot be both.
+        text = table["key"].cast(pa.large_string())
+        parents = pc.unique(
+            pc.replace_substring_regex(
+                text.filter(pc.match_substring(text, "/")), r"/[^/]*$", ""
+            )
+        ).to_pylist()
+        dirs: set[str] = set()
+        for p in parents:
+            while p and p not in dirs:
+                dirs.add(p)
+                p = p.rpartition("/")[0]
+        if dirs:
+            clash = pc.is_in(text, value_set=pa.array(sorted(dirs), pa.large_string()))
+            table = self._reject(
+                table,
+                clash,
+                lambda k: f"is both a file and a directory (other keys start with '{k}/')",
+            )
+        return table
+
+
+def _empty_binary(n: int) -> pa.Array:
+    """n empty (not null) binary values, without n Python objects."""
+    offsets = pa.py_buffer(np.zeros(n + 1, np.int64))
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, offsets, pa.py_buffer(b"")])
+
+
+def _encodable(s: str) -> bool:
+    try:
+        s.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def decode_inline(key: str, value: str) -> bytes:
+    if value.startswith("base64:"):
+        try:
+            return base64.b64decode(value[7:], validate=True)
+        except (binascii.Error, ValueError):
+            raise ReferenceSetError(f"key {_short(key)}: invalid base64 data") from None
+    try:
+        return value.encode()
+    except UnicodeEncodeError:
+        raise ReferenceSetError(f"key {_short(key)}: inline text is not valid Unicode") from None
+
+
+def write_index(table: pa.Table, path: str, metadata: dict[str, str]) -> None:
+    """Write atomically (temp file + rename), so concurrent mounts never see half a file."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    schema = table.schema.with_metadata({"format": INDEX_FORMAT, **metadata})
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".arrow")
+    try:
+        with os.fdopen(fd, "wb") as f, pa.ipc.new_file(f, schema) as writer:
+            for batch in table.to_batches(max_chunksize=max(table.num_rows, 1)):
+                writer.write_batch(batch)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class KeyIndex:
+    """Read-only view of a written index: sorted keys and their references."""
+
+    def __init__(self, table: pa.Table, metadata: dict[str, str] | None = None) -> None:
+        self.table = table.combine_chunks() if table.num_rows else table
+        self.metadata = metadata or {}
+        n = self.n = table.num_rows
+
+        def column(name: str) -> pa.Array:
+            col = self.table[name]
+            return col.chunk(0) if col.num_chunks else pa.array([], col.type)
+
+        key = column("key")
+        self._koff = np.frombuffer(key.buffers()[1], np.int64, n + 1, key.offset * 8)
+        self._kbuf = memoryview(key.buffers()[2] or b"")
+        self._kinds = column("kind").to_numpy()
+        url = column("url")
+        self._url_ids = url.indices.to_numpy() if n else np.zeros(0, np.int32)
+        self._url_strings = url.dictionary if n else pa.array([], pa.large_string())
+        self._offsets = column("offset").to_numpy()
+        self._lengths = column("length").to_numpy()
+        data = column("data")
+        self._doff = np.frombuffer(data.buffers()[1], np.int64, n + 1, data.offset * 8)
+        self._dbuf = memoryview(data.buffers()[2] or b"")
+        self.keys = _KeySequence(self._koff, self._kbuf, n)
+
+    @classmethod
+    def open(cls, path: str) -> KeyIndex:
+        """Memory-map an index file: pages are read on demand and shared with the page cache."""
+        source = pa.memory_map(path, "r")
+        reader = pa.ipc.open_file(source)
+        if reader.schema.metadata is None or reader.schema.metadata.get(b"format") != INDEX_FORMAT.encode():
+            raise ReferenceSetError(f"{path}: not a refmount index of this version")
+        meta = {k.decode(): v.decode() for k, v in reader.schema.metadata.items()}
+        return cls(reader.read_all(), meta)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def key(self, i: int) -> bytes:
+        return self._kbuf[self._koff[i] : self._koff[i + 1]].tobytes()
+
+    def bisect(self, key: bytes, lo: int = 0, hi: int | None = None) -> int:
+        return bisect.bisect_left(self.keys, key, lo, self.n if hi is None else hi)
+
+    def ref(self, i: int) -> Ref:
+        kind = RefKind(int(self._kinds[i]))
+        if kind is RefKind.INLINE:
+            data = self._dbuf[self._doff[i] : self._doff[i + 1]].tobytes()
+            return Ref(kind, None, 0, len(data), data)
+        url = self._url_strings[int(self._url_ids[i])].as_py()
+        return Ref(kind, url, int(self._offsets[i]), int(self._lengths[i]))
+
+    def kind(self, i: int) -> RefKind:
+        return RefKind(int(self._kinds[i]))
+
+    def size(self, i: int) -> int:
+        """Byte size of key i, or -1 for a whole-file target whose size is not yet known."""
+        return int(self._lengths[i])
+
+    def url_count(self) -> int:
+        return len(self._url_strings)
+
+    def iter_refs(self) -> Iterator[tuple[bytes, Ref]]:
+        for i in range(self.n):
+            yield self.key(i), self.ref(i)
+
+
+class _KeySequence:
+    """Sequence protocol over the key column, so ``bisect`` runs its loop in C."""
+
+    __slots__ = ("_buf", "_n", "_off")
+
+    def __init__(self, off: np.ndarray, buf: memoryview, n: int) -> None:
+        self._off, self._buf, self._n = off, buf, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> bytes:
+        off = self._off
+        return self._buf[off[i] : off[i + 1]].tobytes()

@@ -1,0 +1,64 @@
+"""Streaming reader for JSON reference sets (Version 0; Version 1 in v1.py).
+
+The file is never held in memory: ijson's yajl C backend yields one top-level entry at a
+time (faster than parsing the whole document with orjson, at ~1/40 of the memory), and
+each entry goes straight into the columnar IndexBuilder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import IO
+
+import ijson
+
+from .index import IndexBuilder
+from .model import ReferenceSetError
+
+V1_FIELDS = frozenset({"version", "templates", "gen", "refs"})
+
+Opener = Callable[[], IO[bytes]]
+
+
+def _json_error(name: str, err: Exception) -> ReferenceSetError:
+    msg = " ".join(str(err).split())
+    if len(msg) > 160:
+        msg = msg[:157] + "..."
+    return ReferenceSetError(f"{name}: malformed JSON: {msg}")
+
+
+def detect_version(open_stream: Opener, name: str) -> int:
+    """0 or 1. Reads only as far as needed: the first top-level key decides unless it is
+    one of Version 1's field names, in which case all top-level keys are scanned."""
+    with open_stream() as f:
+        events = ijson.parse(f, use_float=True)
+        try:
+            first = next(events, None)
+            if first is None:
+                raise ReferenceSetError(f"{name}: empty file, expected a JSON object")
+            if first[1] != "start_map":
+                kind = {"start_array": "an array"}.get(first[1], f"a {first[1]}")
+                raise ReferenceSetError(f"{name}: top level must be a JSON object, got {kind}")
+            seen_v1_field = False
+            for prefix, event, value in events:
+                if prefix == "" and event == "map_key":
+                    if value == "version":
+                        return 1
+                    if value not in V1_FIELDS and not seen_v1_field:
+                        return 0
+                    seen_v1_field = True
+                elif prefix == "" and event == "end_map":
+                    break
+        except ijson.JSONError as e:
+            raise _json_error(name, e) from None
+    return 0
+
+
+def read_v0(open_stream: Opener, name: str, builder: IndexBuilder) -> None:
+    with open_stream() as f:
+        try:
+            add = builder.add_value
+            for key, value in ijson.kvitems(f, "", use_float=True):
+                add(key, value)
+        except ijson.JSONError as e:
+            raise _json_error(name, e) from None

@@ -1,0 +1,394 @@
+"""Version 1 reference sets: ``templates``, ``gen`` and ``refs``, rendered with jinja2's
+SandboxedEnvironment (reference files are untrusted).
+
+``gen`` blocks can have millions of products (one per chunk), so each jinja string is
+first compiled to a *column plan* when its syntax allows: literal text, dimension
+variables, plain templates and integer arithmetic on them are evaluated for a whole batch
+of products at once with numpy and Arrow string kernels. Anything else (filters, calls of
+template functions, conditionals...) is rendered per product by the sandbox, under a
+watchdog so a template cannot run for ever.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import ijson
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from jinja2 import StrictUndefined, TemplateError, nodes
+from jinja2.sandbox import SandboxedEnvironment, SecurityError
+
+from .index import IndexBuilder
+from .jsonrefs import Opener, _json_error
+from .model import INT64_MAX, ReferenceSetError
+
+RENDER_SECONDS = 2.0  # one template rendering may take at most this long
+MAX_RENDERED = 1 << 20  # and produce at most this many characters
+GEN_BATCH = 1 << 18  # products evaluated per batch (bounds memory)
+MAX_PRODUCTS = 1 << 36
+
+
+class _LimitedSandbox(SandboxedEnvironment):
+    """The sandbox, plus a bound on string/sequence repetition (``'a' * 10**12``)."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**" and isinstance(right, int) and abs(right) > 1024:
+            raise SecurityError("exponent too large")
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                sized = isinstance(seq, str | list | tuple | bytes) and isinstance(n, int)
+                if sized and len(seq) * n > MAX_RENDERED:
+                    raise SecurityError("repetition result too large")
+        return super().call_binop(context, operator, left, right)
+
+
+class _Watchdog:
+    """Interrupts a rendering that runs longer than RENDER_SECONDS (SIGALRM, main thread)."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+
+    def _tick(self, signum: int, frame: Any) -> None:
+        if self.started is not None and time.monotonic() - self.started > RENDER_SECONDS:
+            self.started = None
+            raise TimeoutError(f"template rendering took longer than {RENDER_SECONDS:g} s")
+
+    @contextmanager
+    def armed(self) -> Iterator[_Watchdog]:
+        try:
+            old = signal.signal(signal.SIGALRM, self._tick)
+        except ValueError:  # not the main thread: no watchdog available
+            yield self
+            return
+        signal.setitimer(signal.ITIMER_REAL, 0.2, 0.2)
+        try:
+            yield self
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0, 0)
+            signal.signal(signal.SIGALRM, old)
+
+
+class TemplateSet:
+    """The ``templates`` section: plain strings are variables, strings containing
+    ``{{`` become functions called with keyword arguments (``{{f(c='text')}}``)."""
+
+    def __init__(self, templates: dict[str, Any], name: str, watchdog: _Watchdog) -> None:
+        self.env = _LimitedSandbox(undefined=StrictUndefined, autoescape=False)
+        self.name = name
+        self.watchdog = watchdog
+        self.plain: dict[str, str] = {}
+        self.context: dict[str, Any] = {}
+        for key, value in templates.items():
+            if not isinstance(value, str):
+                raise ReferenceSetError(f"{name}: templates.{key} must be a string")
+            if "{{" in value or "{%" in value:
+                template = self.compile(value, f"templates.{key}")
+                self.context[key] = self._function(template, key)
+            else:
+                self.plain[key] = value
+                self.context[key] = value
+        self._url_cache: dict[str, str] = {}
+
+    def _function(self, template: Any, key: str) -> Callable[..., str]:
+        def call(**kwargs: Any) -> str:
+            return template.render(kwargs)
+
+        call.__name__ = key
+        return call
+
+    def compile(self, source: str, where: str) -> Any:
+        try:
+            return self.env.from_string(source)
+        except TemplateError as e:
+            raise ReferenceSetError(f"{self.name}: {where}: bad template: {e}") from None
+
+    def render(self, template: Any, context: dict[str, Any], where: str) -> str:
+        self.watchdog.started = time.monotonic()
+        try:
+            out = template.render(context)
+        except SecurityError as e:
+            raise ReferenceSetError(f"{self.name}: {where}: template refused by sandbox: {e}") from None
+        except (TemplateError, TimeoutError, ArithmeticError, TypeError, ValueError) as e:
+            raise ReferenceSetError(f"{self.name}: {where}: template failed: {e}") from None
+        finally:
+            self.watchdog.started = None
+        if len(out) > MAX_RENDERED:
+            raise ReferenceSetError(f"{self.name}: {where}: rendered text too long")
+        return out
+
+    def render_url(self, url: str) -> str:
+        """A ``refs`` URL with templates applied (cached: many refs share a URL)."""
+        if "{{" not in url and "{%" not in url:
+            return url
+        out = self._url_cache.get(url)
+        if out is None:
+            out = self.render(self.compile(url, f"url {url[:60]!r}"), self.context, "refs url")
+            if len(self._url_cache) < 100_000:
+                self._url_cache[url] = out
+        return out
+
+
+# ---- column plans for gen ----------------------------------------------------------------
+
+Column = np.ndarray | str | int  # a per-product array, or a constant
+
+_ARITH = {
+    nodes.Add: np.add,
+    nodes.Sub: np.subtract,
+    nodes.Mul: np.multiply,
+    nodes.FloorDiv: np.floor_divide,
+    nodes.Mod: np.mod,
+}
+_SAFE = 2**62
+
+
+class _NotVectorizable(Exception):
+    pass
+
+
+def _eval(node: nodes.Node, dims: dict[str, np.ndarray], plain: dict[str, str]) -> Column:
+    if isinstance(node, nodes.Name):
+        if node.name in dims:
+            return dims[node.name]
+        if node.name in plain:
+            return plain[node.name]
+        raise _NotVectorizable
+    if isinstance(node, nodes.Const) and isinstance(node.value, int | str) and not isinstance(
+        node.value, bool
+    ):
+        return node.value
+    if isinstance(node, nodes.Neg | nodes.Pos):
+        v = _eval(node.node, dims, plain)
+        if isinstance(v, str):
+            raise _NotVectorizable
+        return -v if isinstance(node, nodes.Neg) else v
+    op = _ARITH.get(type(node))
+    if op is not None:
+        a, b = _eval(node.left, dims, plain), _eval(node.right, dims, plain)  # type: ignore[attr-defined]
+        if isinstance(a, str) or isinstance(b, str):
+            raise _NotVectorizable
+        if op in (np.floor_divide, np.mod) and np.any(np.asarray(b) == 0):
+            raise _NotVectorizable  # let jinja report the division by zero
+        # Guard against int64 overflow: check magnitudes in float first.
+        fa = np.abs(np.asarray(a, dtype=np.float64)).max(initial=0)
+        fb = np.abs(np.asarray(b, dtype=np.float64)).max(initial=0)
+        if fa > _SAFE or fb > _SAFE or (op is np.multiply and fa * fb > _SAFE):
+            raise _NotVectorizable
+        return op(np.asarray(a, np.int64), np.asarray(b, np.int64))
+    raise _NotVectorizable
+
+
+class _Plan:
+    """A jinja string compiled either to parts evaluated on columns, or to a template."""
+
+    def __init__(self, source: str, templates: TemplateSet, dim_names: list[str], where: str):
+        self.source = source
+        self.where = where
+        self.templates = templates
+        self.template = templates.compile(source, where)  # also validates the syntax
+        self.parts: list[nodes.Node] | None = None
+        tree = templates.env.parse(source)
+        body = tree.body
+        if not body:
+            self.parts = []
+        elif len(body) == 1 and isinstance(body[0], nodes.Output):
+            self.parts = list(body[0].nodes)
+        for part in self.parts or []:
+            if not isinstance(part, nodes.TemplateData) and not _names_ok(part, dim_names, templates):
+                self.parts = None
+                break
+
+    def columns(self, dims: dict[str, np.ndarray], n: int) -> list[Column] | None:
+        if self.parts is None:
+            return None
+        out: list[Column] = []
+        try:
+            for part in self.parts:
+                if isinstance(part, nodes.TemplateData):
+                    out.append(part.data)
+                else:
+                    out.append(_eval(part, dims, self.templates.plain))
+        except _NotVectorizable:
+            return None
+        return out
+
+    def strings(self, dims: dict[str, np.ndarray], n: int, contexts: Callable[[], Iterator[dict]]) -> pa.Array:
+        cols = self.columns(dims, n)
+        if cols is None:
+            return pa.array(
+                [self.templates.render(self.template, ctx, self.where) for ctx in contexts()],
+                pa.large_string(),
+            )
+        pieces: list[Any] = []
+        for c in cols:
+            if isinstance(c, np.ndarray):
+                pieces.append(pa.array(c).cast(pa.large_string()))
+            else:
+                pieces.append(pa.scalar(str(c), pa.large_string()))
+        if not pieces:
+            return pa.array([""] * n, pa.large_string())
+        if all(isinstance(p, pa.Scalar) for p in pieces):
+            return pa.array(["".join(p.as_py() for p in pieces)] * n, pa.large_string())
+        return pc.binary_join_element_wise(*pieces, pa.scalar("", pa.large_string()))
+
+    def integers(self, dims: dict[str, np.ndarray], n: int, contexts: Callable[[], Iterator[dict]]) -> np.ndarray:
+        cols = self.columns(dims, n)
+        if cols is not None:
+            cleaned = [c for c in cols if not (isinstance(c, str) and not c.strip())]
+            if len(cleaned) == 1 and not isinstance(cleaned[0], str):
+                return np.broadcast_to(np.asarray(cleaned[0], np.int64), (n,))
+        text = self.strings(dims, n, contexts)
+        try:
+            return pc.cast(pc.utf8_trim_whitespace(text), pa.int64()).to_numpy()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            bad = next(s for s in text.to_pylist() if not _is_int(s))
+            raise ReferenceSetError(
+                f"{self.templates.name}: {self.where} must render an integer, got {bad[:40]!r}"
+            ) from None
+
+
+def _is_int(s: str) -> bool:
+    try:
+        int(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _names_ok(node: nodes.Node, dim_names: list[str], templates: TemplateSet) -> bool:
+    """True when every name in the expression is a dimension or a plain template."""
+    for name in node.find_all(nodes.Name):
+        if name.name not in dim_names and name.name not in templates.plain:
+            return False
+    return not any(node.find_all(nodes.Call)) and not any(node.find_all(nodes.Filter))
+
+
+def _dimension(name: str, where: str, spec: Any) -> list[int] | range:
+    if isinstance(spec, list):
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in spec):
+            raise ReferenceSetError(f"{name}: {where} must be a list of integers")
+        return spec
+    if isinstance(spec, dict):
+        unknown = set(spec) - {"start", "stop", "step"}
+        if unknown:
+            raise ReferenceSetError(f"{name}: {where} has unknown fields {sorted(unknown)}")
+        if "stop" not in spec:
+            raise ReferenceSetError(f"{name}: {where} needs 'stop'")
+        vals = [spec.get("start", 0), spec["stop"], spec.get("step", 1)]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+            raise ReferenceSetError(f"{name}: {where}: start/stop/step must be integers")
+        if vals[2] == 0:
+            raise ReferenceSetError(f"{name}: {where}: step must not be 0")
+        if any(abs(v) > INT64_MAX for v in vals):
+            raise ReferenceSetError(f"{name}: {where}: values out of range")
+        return range(*vals)
+    raise ReferenceSetError(f"{name}: {where} must be {{start, stop, step}} or a list")
+
+
+def expand_gen(entry: Any, i: int, templates: TemplateSet, builder: IndexBuilder) -> None:
+    name = templates.name
+    where = f"gen[{i}]"
+    if not isinstance(entry, dict):
+        raise ReferenceSetError(f"{name}: {where} must be an object")
+    unknown = set(entry) - {"key", "url", "offset", "length", "dimensions"}
+    if unknown:
+        raise ReferenceSetError(f"{name}: {where} has unknown fields {sorted(unknown)}")
+    for req in ("key", "url", "dimensions"):
+        if req not in entry:
+            raise ReferenceSetError(f"{name}: {where} needs '{req}'")
+    if ("offset" in entry) != ("length" in entry):
+        have, missing = ("offset", "length") if "offset" in entry else ("length", "offset")
+        raise ReferenceSetError(f"{name}: {where} has '{have}' but no '{missing}' (give both or neither)")
+    for field in ("key", "url", "offset", "length"):
+        if field in entry and not isinstance(entry[field], str | int):
+            raise ReferenceSetError(f"{name}: {where}.{field} must be a string")
+    dims_spec = entry["dimensions"]
+    if not isinstance(dims_spec, dict) or not dims_spec:
+        raise ReferenceSetError(f"{name}: {where}.dimensions must be a non-empty object")
+    clash = set(dims_spec) & set(templates.context)
+    if clash:
+        raise ReferenceSetError(f"{name}: {where}: dimension {sorted(clash)[0]!r} shadows a template")
+    dims = {k: _dimension(name, f"{where}.dimensions.{k}", v) for k, v in dims_spec.items()}
+    names = list(dims)
+    shape = [len(v) for v in dims.values()]
+    total = math.prod(shape)
+    if total > MAX_PRODUCTS:
+        raise ReferenceSetError(f"{name}: {where} has {total} products, more than the limit")
+    if total == 0:
+        return
+    plans = {
+        f: _Plan(str(entry[f]), templates, names, f"{where}.{f}")
+        for f in ("key", "url", "offset", "length")
+        if f in entry
+    }
+    values = [np.asarray(list(v), dtype=np.int64) for v in dims.values()]
+    for start in range(0, total, GEN_BATCH):
+        stop = min(start + GEN_BATCH, total)
+        n = stop - start
+        flat = np.arange(start, stop, dtype=np.int64)
+        idx = np.unravel_index(flat, shape)  # C order: the last dimension varies fastest
+        cols = {k: values[j][idx[j]] for j, k in enumerate(names)}
+
+        def contexts(cols: dict[str, np.ndarray] = cols, n: int = n) -> Iterator[dict]:
+            base = dict(templates.context)
+            lists = {k: v.tolist() for k, v in cols.items()}
+            for r in range(n):
+                for k in names:
+                    base[k] = lists[k][r]
+                yield base
+
+        keys = plans["key"].strings(cols, n, contexts)
+        urls = plans["url"].strings(cols, n, contexts)
+        if "offset" in plans:
+            offsets = plans["offset"].integers(cols, n, contexts)
+            lengths = plans["length"].integers(cols, n, contexts)
+        else:
+            offsets = lengths = None
+        builder.add_columns(keys, urls, offsets, lengths, where=f"{name}: {where}")
+
+
+def _read_section(open_stream: Opener, name: str, prefix: str) -> Any:
+    with open_stream() as f:
+        try:
+            for value in ijson.items(f, prefix, use_float=True):
+                return value
+        except ijson.JSONError as e:
+            raise _json_error(name, e) from None
+    return None
+
+
+def read_v1(open_stream: Opener, name: str, builder: IndexBuilder) -> None:
+    version = _read_section(open_stream, name, "version")
+    if version != 1 or isinstance(version, bool):
+        raise ReferenceSetError(f"{name}: unsupported reference set version {version!r} (expected 1)")
+    raw_templates = _read_section(open_stream, name, "templates") or {}
+    if not isinstance(raw_templates, dict):
+        raise ReferenceSetError(f"{name}: 'templates' must be an object")
+    gen = _read_section(open_stream, name, "gen") or []
+    if not isinstance(gen, list):
+        raise ReferenceSetError(f"{name}: 'gen' must be a list")
+    watchdog = _Watchdog()
+    with watchdog.armed():
+        templates = TemplateSet(raw_templates, name, watchdog)
+        with open_stream() as f:
+            try:
+                add = builder.add_value
+                render = templates.render_url
+                for key, value in ijson.kvitems(f, "refs", use_float=True):
+                    add(key, value, render)
+            except ijson.JSONError as e:
+                raise _json_error(name, e) from None
+        for i, entry in enumerate(gen):
+            expand_gen(entry, i, templates, builder)
+
+
+__all__ = ["TemplateSet", "expand_gen", "read_v1"]

@@ -1,0 +1,27 @@
+"""Counters of one mount, shown as xattrs on the root and by ``refmount stats``."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Stats:
+    started: float = field(default_factory=time.time)
+    requests: int = 0  # successful fetches from targets
+    bytes_fetched: int = 0
+    retries: int = 0
+    errors: int = 0  # reads answered with an error
+    reads: int = 0  # FUSE read calls
+    bytes_read: int = 0  # bytes returned to readers
+    memory_hits: int = 0
+    disk_hits: int = 0
+    misses: int = 0
+    open_files: int = 0
+
+    def as_dict(self) -> dict[str, float | int]:
+        d = dataclasses.asdict(self)
+        d["uptime"] = round(time.time() - self.started, 3)
+        return d
