@@ -140,6 +140,7 @@ class TemplateSet:
 # ---- column plans for gen ----------------------------------------------------------------
 
 Column = np.ndarray | str | int  # a per-product array, or a constant
+Contexts = Callable[[], Iterator[dict]]  # per-product jinja contexts, for the fallback
 
 _ARITH = {
     nodes.Add: np.add,
@@ -221,7 +222,7 @@ class _Plan:
             return None
         return out
 
-    def strings(self, dims: dict[str, np.ndarray], n: int, contexts: Callable[[], Iterator[dict]]) -> pa.Array:
+    def strings(self, dims: dict[str, np.ndarray], n: int, contexts: Contexts) -> pa.Array:
         cols = self.columns(dims, n)
         if cols is None:
             return pa.array(
@@ -240,7 +241,7 @@ class _Plan:
             return pa.array(["".join(p.as_py() for p in pieces)] * n, pa.large_string())
         return pc.binary_join_element_wise(*pieces, pa.scalar("", pa.large_string()))
 
-    def integers(self, dims: dict[str, np.ndarray], n: int, contexts: Callable[[], Iterator[dict]]) -> np.ndarray:
+    def integers(self, dims: dict[str, np.ndarray], n: int, contexts: Contexts) -> np.ndarray:
         cols = self.columns(dims, n)
         if cols is not None:
             cleaned = [c for c in cols if not (isinstance(c, str) and not c.strip())]
