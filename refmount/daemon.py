@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,8 +29,9 @@ from .fetch import Fetcher, redact_url
 from .fs import RefFS
 from .reader import RefReader
 from .refs import IndexFile, KeyIndex
+from .refs.parquet import RecordCache, load_parquet_set
 from .stats import Stats
-from .tree import KeyTree
+from .tree import ChunkTree, KeyTree
 
 log = logging.getLogger("refmount")
 
@@ -115,7 +117,7 @@ def sd_notify(message: str) -> None:
         log.warning("cannot notify systemd at %s: %s", addr, e.strerror)
 
 
-def build_filesystem(cfg: MountConfig, index: KeyIndex, mtime_ns: int) -> RefFS:
+def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
     stats = Stats()
     fetcher = Fetcher(
         cfg.remote_protocol,
@@ -132,15 +134,26 @@ def build_filesystem(cfg: MountConfig, index: KeyIndex, mtime_ns: int) -> RefFS:
         block_size=cfg.block_size,
         stats=stats,
     )
-    lengths = index._lengths
-    info = {
-        "source": redact_url(cfg.source),
-        "keys": str(index.n),
-        "targets": str(index.url_count() if index.n else 0),
-        "referenced_bytes": str(int(np.sum(lengths[lengths > 0])) if index.n else 0),
-    }
+    info = {"source": redact_url(cfg.source), "format": index_file.kind}
+    tree: KeyTree | ChunkTree
+    if index_file.kind == "parquet":
+        pset = load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys)
+        tree = ChunkTree(pset, RecordCache(pset, cfg.target_options))
+        info["record_size"] = str(pset.record_size)
+        info["arrays"] = str(len(pset.arrays))
+        mtime_ns = time.time_ns()
+    else:
+        index = KeyIndex.open(index_file.path)
+        mtime_ns = os.stat(index_file.path).st_mtime_ns
+        if index_file.temporary:
+            os.unlink(index_file.path)  # the mapping keeps it alive; nothing left behind
+        tree = KeyTree(index)
+        lengths = index._lengths
+        info["targets"] = str(index.url_count() if index.n else 0)
+        info["referenced_bytes"] = str(int(np.sum(lengths[lengths > 0])) if index.n else 0)
+    info["keys"] = str(len(tree))
     return RefFS(
-        KeyTree(index),
+        tree,
         reader,
         stats,
         uid=cfg.uid,
@@ -155,18 +168,14 @@ def build_filesystem(cfg: MountConfig, index: KeyIndex, mtime_ns: int) -> RefFS:
 def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None]) -> int:
     """Mount and serve until unmounted or signalled. Raises MountError before mounting."""
     check_mountpoint(cfg.mountpoint)
-    index = KeyIndex.open(index_file.path)
-    mtime_ns = os.stat(index_file.path).st_mtime_ns
-    if index_file.temporary:
-        os.unlink(index_file.path)  # the mapping keeps it alive; nothing left behind
-    ops = build_filesystem(cfg, index, mtime_ns)
+    ops = build_filesystem(cfg, index_file)
     try:
         pyfuse3.init(ops, cfg.mountpoint, fuse_options(cfg))
     except RuntimeError as e:
         raise MountError(f"cannot mount on {cfg.mountpoint}: {e}") from None
     log.info(
-        "mounted %s on %s: %d keys (options: %s)",
-        redact_url(cfg.source), cfg.mountpoint, index.n, describe_options(cfg),
+        "mounted %s on %s: %s keys (options: %s)",
+        redact_url(cfg.source), cfg.mountpoint, ops.info["keys"], describe_options(cfg),
     )
     try:
         trio.run(_main, cfg, on_ready)

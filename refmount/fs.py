@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 from collections.abc import Awaitable, Callable
+from contextlib import aclosing
 from typing import Any, TypeVar
 
 import pyfuse3
@@ -22,7 +23,7 @@ from .fetch import FetchError, redact_url
 from .reader import RefReader
 from .refs import Ref, RefKind
 from .stats import Stats
-from .tree import KeyTree, Node
+from .tree import ChunkTree, KeyTree, Node
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class RefFS(pyfuse3.Operations):
 
     def __init__(
         self,
-        tree: KeyTree,
+        tree: KeyTree | ChunkTree,
         reader: RefReader,
         stats: Stats,
         *,
@@ -124,9 +125,9 @@ class RefFS(pyfuse3.Operations):
     async def _node_attr(self, node: Node) -> pyfuse3.EntryAttributes:
         size = 0
         if not node.is_dir:
-            size = self.tree.known_size(node)
+            size = await self.tree.size(node)
             if size < 0:
-                size = await self.reader.size(self.tree.ref(node))
+                size = await self.reader.size(await self.tree.ref(node))
         return self._attr(node, size)
 
     def _node(self, ino: int) -> Node:
@@ -139,7 +140,7 @@ class RefFS(pyfuse3.Operations):
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
         parent = self._node(parent_inode)
-        node = self.tree.lookup(parent, name)
+        node = await self.tree.lookup(parent, name)
         if node is None:
             miss = pyfuse3.EntryAttributes()
             miss.st_ino = 0  # a negative entry the kernel may cache: the set never changes
@@ -171,10 +172,10 @@ class RefFS(pyfuse3.Operations):
             parent = self.tree.parent(node)
             if not pyfuse3.readdir_reply(token, b"..", self._attr(parent, 0), 2):
                 return
-        for name, child, next_id in self.tree.children(node, max(start_id - 2, 0)):
-            size = 0 if child.is_dir else self.tree.known_size(child)
-            if not pyfuse3.readdir_reply(token, name, self._attr(child, size), next_id + 2):
-                break
+        async with aclosing(self.tree.entries(node, max(start_id - 2, 0))) as entries:
+            async for name, child, next_id, size in entries:
+                if not pyfuse3.readdir_reply(token, name, self._attr(child, size), next_id + 2):
+                    break
 
     async def releasedir(self, fh: int) -> None:
         pass
@@ -189,7 +190,7 @@ class RefFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = self._next_fh
         self._next_fh += 1
-        self._handles[fh] = _Handle(node, self.tree.ref(node))
+        self._handles[fh] = _Handle(node, await self.tree.ref(node))
         self.stats.open_files += 1
         # The bytes never change: let the kernel keep its page cache across opens.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
@@ -225,14 +226,14 @@ class RefFS(pyfuse3.Operations):
         return s
 
     # ---- extended attributes ------------------------------------------------------------
-    def _xattrs(self, node: Node) -> dict[bytes, bytes]:
+    async def _xattrs(self, node: Node) -> dict[bytes, bytes]:
         if node.ino == pyfuse3.ROOT_INODE:
             out = {XATTR_PREFIX + k.encode(): v.encode() for k, v in self.info.items()}
             out[XATTR_PREFIX + b"stats"] = json.dumps(self.stats.as_dict()).encode()
             return out
         if node.is_dir:
             return {}
-        ref = self.tree.ref(node)
+        ref = await self.tree.ref(node)
         if ref.kind is RefKind.INLINE:
             return {XATTR_PREFIX + b"inline": str(ref.length).encode()}
         assert ref.url is not None
@@ -244,14 +245,14 @@ class RefFS(pyfuse3.Operations):
 
     @_guard
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
-        value = self._xattrs(self._node(inode)).get(name)
+        value = (await self._xattrs(self._node(inode))).get(name)
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return value
 
     @_guard
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        return list(self._xattrs(self._node(inode)))
+        return list(await self._xattrs(self._node(inode)))
 
     # ---- everything that would change the tree: read-only ------------------------------
     setattr = _erofs("setattr")

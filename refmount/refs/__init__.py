@@ -15,6 +15,7 @@ from ..config import MountConfig
 from .index import INDEX_FORMAT, IndexBuilder, KeyIndex, write_index
 from .jsonrefs import detect_version, read_v0
 from .model import Ref, ReferenceSetError, RefKind
+from .parquet import is_parquet_source, load_parquet_set
 from .source import open_source, source_identity
 
 __all__ = [
@@ -32,9 +33,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class IndexFile:
-    path: str
+    path: str  # "" for Parquet sets, which are read lazily from SOURCE itself
     temporary: bool  # delete once the daemon has mapped it
     reused: bool  # an unchanged set's persisted index was found
+    kind: str = "json"  # "json" (Version 0/1) or "parquet"
 
 
 def build_index(source: str, target_options: dict, bad_keys: str = "error") -> IndexBuilder:
@@ -54,6 +56,9 @@ def build_index(source: str, target_options: dict, bad_keys: str = "error") -> I
 
 
 def prepare_index(cfg: MountConfig) -> IndexFile:
+    if is_parquet_source(cfg.source, cfg.target_options):
+        load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys)  # validate .zmetadata now
+        return IndexFile("", temporary=False, reused=False, kind="parquet")
     identity = source_identity(cfg.source, cfg.target_options, f"{INDEX_FORMAT}|{cfg.bad_keys}")
     cached = None
     if cfg.disk_cache and identity:

@@ -1,0 +1,252 @@
+"""Parquet reference sets (fsspec's LazyReferenceMapper layout).
+
+Mounting reads only ``.zmetadata``: its metadata keys become a small KeyIndex, and each
+array (a ``<path>/.zarray`` key) becomes an :class:`ArraySpec` whose chunk keys are
+derived from shape/chunks in C order. Chunk ``i`` lives in ``<path>/refs.<i // record_size>.parq``
+at row ``i % record_size``; record files are read when a lookup, listing or read needs
+them (in a worker thread), and kept in a bounded LRU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import trio
+
+from .index import IndexBuilder, KeyIndex
+from .model import Ref, ReferenceSetError, RefKind
+from .source import open_source
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ("path", "offset", "size", "raw")
+
+
+def is_parquet_source(source: str, target_options: dict[str, Any]) -> bool:
+    """A directory (any fsspec URL) holding ``.zmetadata``."""
+    try:
+        fs, path = fsspec.core.url_to_fs(source, **target_options)
+        return fs.isdir(path) and fs.exists(path.rstrip("/") + "/.zmetadata")
+    except Exception:
+        return False
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    path: str  # "deep/name"
+    grid: tuple[int, ...]  # chunks along each axis (() for a 0-d array)
+    separator: str  # "." or "/"
+
+    @property
+    def count(self) -> int:
+        return math.prod(self.grid) if self.grid else 1
+
+    @property
+    def ndim(self) -> int:
+        return max(len(self.grid), 1)
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """Chunk grid as used for naming: a 0-d array has one chunk named ``0``."""
+        return self.grid or (1,)
+
+    def chunk_name(self, number: int) -> str:
+        idx = np.unravel_index(number, self.dims)
+        return self.separator.join(str(int(i)) for i in idx)
+
+
+@dataclass
+class ParquetSet:
+    root: str
+    record_size: int
+    metadata: KeyIndex
+    arrays: list[ArraySpec]
+
+
+def _array_spec(name: str, key: str, zarray: Any) -> ArraySpec:
+    path = key[: -len("/.zarray")] if key.endswith("/.zarray") else ""
+    if isinstance(zarray, str):
+        try:
+            zarray = json.loads(zarray)
+        except json.JSONDecodeError:
+            raise ReferenceSetError(f"{name}: {key} is not valid JSON") from None
+    if not isinstance(zarray, dict):
+        raise ReferenceSetError(f"{name}: {key} must be a JSON object")
+    shape, chunks = zarray.get("shape"), zarray.get("chunks")
+    ok = (
+        isinstance(shape, list)
+        and isinstance(chunks, list)
+        and len(shape) == len(chunks)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in shape)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in chunks)
+    )
+    if not ok:
+        raise ReferenceSetError(f"{name}: {key} needs integer 'shape' and positive 'chunks' of one length")
+    sep = zarray.get("dimension_separator") or "."
+    if sep not in (".", "/"):
+        raise ReferenceSetError(f"{name}: {key}: dimension_separator must be '.' or '/'")
+    if not path:
+        raise ReferenceSetError(f"{name}: an array at the root ('.zarray') is not supported")
+    grid = tuple(math.ceil(s / c) for s, c in zip(shape, chunks, strict=True))
+    return ArraySpec(path, grid, sep)
+
+
+def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str) -> ParquetSet:
+    root = source.rstrip("/")
+    name = root + "/.zmetadata"
+    with open_source(name, target_options) as f:
+        raw = f.read()
+    try:
+        meta = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise ReferenceSetError(f"{name}: malformed JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise ReferenceSetError(f"{name}: must be a JSON object")
+    record_size = meta.get("record_size")
+    if not isinstance(record_size, int) or isinstance(record_size, bool) or record_size <= 0:
+        raise ReferenceSetError(f"{name}: 'record_size' must be a positive integer, got {record_size!r}")
+    metadata = meta.get("metadata")
+    if not isinstance(metadata, dict):
+        raise ReferenceSetError(f"{name}: 'metadata' must be an object of zarr metadata keys")
+    builder = IndexBuilder(bad_keys)
+    arrays = []
+    for key, value in metadata.items():
+        # As LazyReferenceMapper serves them: every metadata value is JSON text.
+        text = value if isinstance(value, str) else json.dumps(value)
+        builder.add_inline(key, text.encode())
+        if key == ".zarray" or key.endswith("/.zarray"):
+            arrays.append(_array_spec(name, key, value))
+    index = KeyIndex(builder.finish())
+    return ParquetSet(root, record_size, index, sorted(arrays, key=lambda a: a.path))
+
+
+class Record:
+    """The references of one record file, decoded to arrays (no object per row)."""
+
+    def __init__(self, table: pa.Table | None, where: str) -> None:
+        if table is None:  # no such record file: all its keys are absent
+            self.n = 0
+            self.exists = np.zeros(0, bool)
+            self.sizes = np.zeros(0, np.int64)
+            return
+        cols = {c: table[c].combine_chunks() for c in COLUMNS if c in table.column_names}
+        if "raw" not in cols and "path" not in cols:
+            raise ReferenceSetError(f"{where}: has neither a 'path' nor a 'raw' column")
+        n = self.n = table.num_rows
+        path = cols.get("path")
+        if path is not None:
+            if pa.types.is_dictionary(path.type):
+                path = path.dictionary_decode()
+            if not (pa.types.is_string(path.type) or pa.types.is_large_string(path.type)):
+                if pa.types.is_null(path.type):
+                    path = pa.nulls(n, pa.string())
+                else:
+                    raise ReferenceSetError(f"{where}: column 'path' must be strings, not {path.type}")
+        raw = cols.get("raw")
+        if raw is not None:
+            if pa.types.is_null(raw.type):
+                raw = pa.nulls(n, pa.binary())
+            elif not (pa.types.is_binary(raw.type) or pa.types.is_large_binary(raw.type)):
+                raise ReferenceSetError(f"{where}: column 'raw' must be binary, not {raw.type}")
+        for c in ("offset", "size"):
+            if path is not None and c not in cols:
+                raise ReferenceSetError(f"{where}: has 'path' but no '{c}' column")
+            if c in cols and not pa.types.is_integer(cols[c].type):
+                raise ReferenceSetError(f"{where}: column '{c}' must be integers, not {cols[c].type}")
+        self.path = path
+        self.raw = raw
+        self.offset = cols["offset"].fill_null(0).to_numpy() if "offset" in cols else None
+        size = cols["size"].fill_null(0).to_numpy() if "size" in cols else np.zeros(n, np.int64)
+        has_raw = raw.is_valid().to_numpy(zero_copy_only=False) if raw is not None else np.zeros(n, bool)
+        has_path = path.is_valid().to_numpy(zero_copy_only=False) if path is not None else np.zeros(n, bool)
+        self.exists = has_raw | has_path
+        raw_len = pc.binary_length(raw).fill_null(0).to_numpy() if raw is not None else 0
+        # Size of each key: raw length; range size; -1 for a whole-file target (size 0).
+        self.sizes = np.where(has_raw, raw_len, np.where(size > 0, size, -1)).astype(np.int64)
+        self.sizes[~self.exists] = -2
+        if (self.sizes[has_path & ~has_raw] < -1).any() or (
+            self.offset is not None and (self.offset[has_path & ~has_raw] < 0).any()
+        ):
+            raise ReferenceSetError(f"{where}: negative offset or size")
+
+    def ref(self, row: int) -> Ref | None:
+        if row >= self.n or not self.exists[row]:
+            return None
+        if self.raw is not None and self.raw[row].is_valid:
+            data = self.raw[row].as_py()
+            return Ref(RefKind.INLINE, None, 0, len(data), data)
+        assert self.path is not None
+        url = self.path[row].as_py()
+        size = int(self.sizes[row])
+        if size < 0:
+            return Ref(RefKind.WHOLE, url, 0, -1)
+        offset = int(self.offset[row]) if self.offset is not None else 0
+        return Ref(RefKind.RANGE, url, offset, size)
+
+    def size(self, row: int) -> int:
+        """-2: absent; -1: whole target (size unknown); else the byte size."""
+        return int(self.sizes[row]) if row < self.n else -2
+
+
+class RecordCache:
+    """Loads record files off the trio loop, one load per record at a time, LRU-bounded."""
+
+    def __init__(self, pset: ParquetSet, target_options: dict[str, Any], capacity: int = 64) -> None:
+        self.pset = pset
+        self.target_options = target_options
+        self.capacity = capacity
+        self._lru: OrderedDict[tuple[int, int], Record] = OrderedDict()
+        self._loading: dict[tuple[int, int], trio.Event] = {}
+        self._limiter = trio.CapacityLimiter(4)
+        self.loads = 0
+
+    def url(self, array: ArraySpec, record: int) -> str:
+        return f"{self.pset.root}/{array.path}/refs.{record}.parq"
+
+    def _load(self, array: ArraySpec, record: int) -> Record:
+        url = self.url(array, record)
+        try:
+            with fsspec.open(url, "rb", **self.target_options) as f:
+                table = pq.read_table(f)
+        except FileNotFoundError:
+            return Record(None, url)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise ReferenceSetError(f"{url}: unreadable Parquet ({e})") from None
+        return Record(table, url)
+
+    async def get(self, array_id: int, record: int) -> Record:
+        key = (array_id, record)
+        while True:
+            rec = self._lru.get(key)
+            if rec is not None:
+                self._lru.move_to_end(key)
+                return rec
+            loading = self._loading.get(key)
+            if loading is None:
+                break
+            await loading.wait()
+            if key not in self._lru:  # the load failed; raise our own error below
+                break
+        event = self._loading[key] = trio.Event()
+        try:
+            array = self.pset.arrays[array_id]
+            rec = await trio.to_thread.run_sync(self._load, array, record, limiter=self._limiter)
+            self.loads += 1
+            self._lru[key] = rec
+            while len(self._lru) > self.capacity:
+                self._lru.popitem(last=False)
+            return rec
+        finally:
+            del self._loading[key]
+            event.set()
