@@ -1,9 +1,21 @@
-"""Byte caches. ``MemoryLRU``: a bounded in-memory LRU of immutable byte blocks."""
+"""Byte caches: ``MemoryLRU`` (bounded, in memory) and ``DiskCache`` (persistent, shared)."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import logging
+import os
+import struct
+import tempfile
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Hashable
+
+import xxhash
+
+log = logging.getLogger(__name__)
 
 
 class MemoryLRU:
@@ -34,3 +46,147 @@ class MemoryLRU:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+class DiskCache:
+    """Persistent block cache shared by mounts: ``<dir>/blocks/<aa>/<digest>`` files.
+
+    * A block file is a 64-byte header (magic, data length, xxh3-128 of the data, digest
+      of the cache key) followed by the data. It is written to a temporary file and
+      renamed into place, so readers — in this or another mount — see whole blocks only.
+    * Every read verifies length and checksum; a bad block is deleted and reported as
+      a miss, so it is fetched again.
+    * Recency is the file's mtime (touched on hits), so several mounts sharing the
+      directory agree on what to evict. Eviction rescans the directory and removes the
+      oldest files until the total is below 90 % of ``capacity``.
+    * Any write error (unwritable directory, disk full) disables writing for a while,
+      with one warning: the mount keeps serving from memory and the network.
+
+    All methods are blocking; callers run them in worker threads.
+    """
+
+    MAGIC = b"RMBLK\x00\x01\x00"
+    HEADER = struct.Struct("<8sQ16s32s")  # magic, length, xxh3-128(data), sha256(key)
+    RETRY_WRITES_AFTER = 60.0
+
+    def __init__(self, directory: str, capacity: int) -> None:
+        self.root = os.path.join(directory, "blocks")
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._estimate: int | None = None  # bytes on disk, as far as we know
+        self._evicting = False
+        self._writes_off_until = 0.0
+        self.corrupt = 0
+        self.write_errors = 0
+
+    @staticmethod
+    def key_digest(url: str, start: int, length: int) -> bytes:
+        return hashlib.sha256(f"{url}\0{start}\0{length}".encode()).digest()
+
+    def _path(self, digest: bytes) -> str:
+        h = digest.hex()
+        return os.path.join(self.root, h[:2], h)
+
+    def get(self, url: str, start: int, length: int) -> bytes | None:
+        digest = self.key_digest(url, start, length)
+        path = self._path(digest)
+        hdr = self.HEADER
+        try:
+            with open(path, "rb", buffering=0) as f:
+                head = f.read(hdr.size)
+                data = f.read()  # straight into one bytes object: no copy after
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.warning("disk cache: cannot read %s: %s", path, e.strerror)
+            return None
+        if len(head) == hdr.size:
+            magic, n, checksum, key = hdr.unpack(head)
+            if (
+                magic == self.MAGIC
+                and key == digest
+                and n == length == len(data)
+                and xxhash.xxh3_128_digest(data) == checksum
+            ):
+                with contextlib.suppress(OSError):
+                    os.utime(path)  # recency for LRU eviction, shared across mounts
+                return data
+        self.corrupt += 1
+        log.warning("disk cache: dropping corrupt block %s (%s bytes %d+%d)", path, url, start, length)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return None
+
+    def put(self, url: str, start: int, data: bytes) -> None:
+        now = time.monotonic()
+        if now < self._writes_off_until or len(data) > self.capacity // 4:
+            return
+        digest = self.key_digest(url, start, len(data))
+        path = self._path(digest)
+        header = self.HEADER.pack(self.MAGIC, len(data), xxhash.xxh3_128_digest(data), digest)
+        tmp = None
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(header)
+                f.write(data)
+            os.replace(tmp, path)
+            tmp = None
+        except OSError as e:
+            self.write_errors += 1
+            self._writes_off_until = now + self.RETRY_WRITES_AFTER
+            log.warning(
+                "disk cache: cannot write to %s (%s); caching in memory only for %d s",
+                self.root, e.strerror, self.RETRY_WRITES_AFTER,
+            )
+            return
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        with self._lock:
+            if self._estimate is None:
+                self._estimate = self._scan_total()
+            self._estimate += len(data) + self.HEADER.size
+            need_evict = self._estimate > self.capacity and not self._evicting
+            if need_evict:
+                self._evicting = True
+        if need_evict:
+            try:
+                self.evict()
+            finally:
+                with self._lock:
+                    self._evicting = False
+
+    def _files(self) -> list[tuple[float, int, str]]:
+        out = []
+        try:
+            subdirs = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return out
+        for sub in subdirs:
+            if not sub.is_dir(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(sub.path):
+                    with contextlib.suppress(OSError):
+                        st = entry.stat(follow_symlinks=False)
+                        out.append((st.st_mtime, st.st_size, entry.path))
+        return out
+
+    def _scan_total(self) -> int:
+        return sum(size for _, size, _ in self._files())
+
+    def evict(self) -> None:
+        files = sorted(self._files())
+        total = sum(size for _, size, _ in files)
+        target = int(self.capacity * 0.9)
+        for _, size, path in files:
+            if total <= target:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            total -= size
+        with self._lock:
+            self._estimate = total

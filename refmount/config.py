@@ -46,6 +46,9 @@ class MountConfig:
     # caching
     cache_dir: str = field(default_factory=default_cache_dir)
     disk_cache: bool = True
+    cache_size: int = 10 * 2**30
+    max_readahead: int = 64 * 2**20
+    read_ahead_kb: int = 1024  # kernel readahead for the mount's bdi (root only)
     memory_cache_size: int = 512 * 2**20
     whole_fetch_limit: int = 32 * 2**20
     block_size: int = 4 * 2**20
@@ -169,7 +172,10 @@ OPTION_HELP: dict[str, str] = {
     "fsname=NAME, subtype=NAME": "names shown in /proc/mounts (default: SOURCE, refmount)",
     "cache_dir=DIR": "persistent cache (index and data blocks); default ~/.cache/refmount "
     "or /var/cache/refmount for root",
+    "cache_size=SIZE": "bound of the disk block cache (default 10G); LRU eviction",
     "no_disk_cache": "keep nothing on disk (the index goes to a temporary file)",
+    "max_readahead=SIZE": "largest readahead window for streaming reads (default 64M)",
+    "read_ahead_kb=N": "kernel readahead of the mount, set when root (default 1024)",
     "memory_cache=SIZE": "bound of the in-memory block cache (default 512M)",
     "whole_fetch_limit=SIZE": "range references up to this size are fetched whole (default 32M)",
     "block_size=SIZE": "block size for larger ranges and whole-file targets (default 4M)",
@@ -224,6 +230,12 @@ def apply_options(cfg: MountConfig, options: list[str]) -> None:
                 cfg.cache_dir = os.path.abspath(value)
             case "no_disk_cache":
                 cfg.disk_cache = False
+            case "cache_size":
+                cfg.cache_size = parse_size(value)
+            case "max_readahead":
+                cfg.max_readahead = parse_size(value)
+            case "read_ahead_kb":
+                cfg.read_ahead_kb = max(_int(name, value), 0)
             case "memory_cache":
                 cfg.memory_cache_size = parse_size(value)
             case "whole_fetch_limit":

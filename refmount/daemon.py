@@ -23,7 +23,7 @@ import numpy as np
 import pyfuse3
 import trio
 
-from .cache import MemoryLRU
+from .cache import DiskCache, MemoryLRU
 from .config import MountConfig
 from .fetch import Fetcher, redact_url
 from .fs import RefFS
@@ -127,11 +127,14 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
         max_connections=cfg.max_connections,
         stats=stats,
     )
+    disk = DiskCache(cfg.cache_dir, cfg.cache_size) if cfg.disk_cache else None
     reader = RefReader(
         fetcher,
         MemoryLRU(cfg.memory_cache_size),
+        disk,
         whole_fetch_limit=cfg.whole_fetch_limit,
         block_size=cfg.block_size,
+        max_readahead=cfg.max_readahead,
         stats=stats,
     )
     info = {"source": redact_url(cfg.source), "format": index_file.kind}
@@ -178,7 +181,7 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None])
         redact_url(cfg.source), cfg.mountpoint, ops.info["keys"], describe_options(cfg),
     )
     try:
-        trio.run(_main, cfg, on_ready)
+        trio.run(_main, cfg, ops, on_ready)
     finally:
         pyfuse3.close(unmount=True)
         stats = ops.stats.as_dict()
@@ -191,12 +194,14 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None])
     return 0
 
 
-async def _main(cfg: MountConfig, on_ready: Callable[[], None]) -> None:
+async def _main(cfg: MountConfig, ops: RefFS, on_ready: Callable[[], None]) -> None:
     async with trio.open_nursery() as nursery:
+        ops.reader.attach(nursery)
         nursery.start_soon(_fuse_main, cfg, nursery)
         nursery.start_soon(_stop_on_signal, nursery)
         # The mount answers once a stat from another thread comes back through our loop.
-        await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
+        st = await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
+        set_kernel_readahead(st.st_dev, cfg.read_ahead_kb)
         on_ready()
         sd_notify("READY=1\nSTATUS=serving " + cfg.mountpoint)
 
@@ -213,6 +218,19 @@ async def _stop_on_signal(nursery: trio.Nursery) -> None:
             sd_notify("STOPPING=1")
             pyfuse3.terminate()
             return
+
+
+def set_kernel_readahead(dev: int, kb: int) -> None:
+    """FUSE mounts get the kernel's default 128 KiB readahead; larger reads mean fewer
+    round trips through the daemon. Only root may change it (best effort)."""
+    path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+    if kb <= 0 or not os.path.exists(path):
+        return
+    try:
+        with open(path, "w") as f:
+            f.write(str(kb))
+    except OSError as e:
+        log.debug("cannot set %s: %s", path, e.strerror)
 
 
 def describe_options(cfg: MountConfig) -> str:

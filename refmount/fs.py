@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import pyfuse3
 
 from .fetch import FetchError, redact_url
-from .reader import RefReader
+from .reader import ReadState, RefReader
 from .refs import Ref, RefKind
 from .stats import Stats
 from .tree import ChunkTree, KeyTree, Node
@@ -60,11 +60,12 @@ def _erofs(name: str) -> Callable[..., Awaitable[Any]]:
 
 
 class _Handle:
-    __slots__ = ("node", "ref")
+    __slots__ = ("node", "ref", "state")
 
     def __init__(self, node: Node, ref: Ref) -> None:
         self.node = node
         self.ref = ref
+        self.state = ReadState()
 
 
 class RefFS(pyfuse3.Operations):
@@ -202,7 +203,7 @@ class RefFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF)
         self.stats.reads += 1
         try:
-            data = await self.reader.read(h.ref, off, size)
+            data = await self.reader.read(h.ref, off, size, h.state)
         except FetchError as e:
             self.stats.errors += 1
             log.error("read failed: key=%s %s", self.tree.path(h.node).decode(errors="replace"), e)

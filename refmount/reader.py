@@ -4,20 +4,26 @@ Strategy (Zarr readers read whole chunks, the kernel asks in ≤1 MiB pieces):
 * inline references are sliced from the index;
 * a range reference up to ``whole_fetch_limit`` is fetched whole on its first read and
   later reads are served from memory;
-* larger ranges and whole-file targets are read in aligned blocks of ``block_size``.
-Concurrent reads of the same bytes share one fetch (single-flight).
+* larger ranges and whole-file targets are read in aligned blocks of ``block_size``,
+  with readahead that doubles while a reader streams sequentially and stops when it seeks.
+Every piece is looked up in memory, then on disk, then fetched; concurrent reads of the
+same bytes share one fetch (single-flight). Fetched pieces are written to the disk cache
+in the background, never on the reader's path.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Hashable
 
 import trio
 
-from .cache import MemoryLRU
+from .cache import DiskCache, MemoryLRU
 from .fetch import Fetcher
 from .refs import Ref, RefKind
 from .stats import Stats
+
+log = logging.getLogger(__name__)
 
 
 class _Flight:
@@ -29,23 +35,46 @@ class _Flight:
         self.error: BaseException | None = None
 
 
+class ReadState:
+    """Per open file: where the last read ended and how far ahead to prefetch."""
+
+    __slots__ = ("last_end", "window")
+
+    def __init__(self) -> None:
+        self.last_end = -1
+        self.window = 0
+
+
 class RefReader:
+    MAX_PENDING_WRITES = 64
+
     def __init__(
         self,
         fetcher: Fetcher,
         memory: MemoryLRU,
+        disk: DiskCache | None,
         *,
         whole_fetch_limit: int,
         block_size: int,
+        max_readahead: int,
         stats: Stats,
     ) -> None:
         self.fetcher = fetcher
         self.memory = memory
+        self.disk = disk
         self.whole_fetch_limit = whole_fetch_limit
         self.block_size = block_size
+        self.max_readahead = max_readahead
         self.stats = stats
         self._inflight: dict[Hashable, _Flight] = {}
         self._sizes: dict[str, int] = {}
+        self._disk_threads = trio.CapacityLimiter(8)
+        self._background: trio.Nursery | None = None
+        self._pending_writes = 0
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        """Where background work (disk writes, readahead) runs: the daemon's nursery."""
+        self._background = nursery
 
     async def size(self, ref: Ref) -> int:
         if ref.kind is not RefKind.WHOLE or ref.length >= 0:
@@ -59,7 +88,7 @@ class RefReader:
             self._sizes[ref.url] = size
         return size
 
-    async def read(self, ref: Ref, off: int, size: int) -> bytes:
+    async def read(self, ref: Ref, off: int, size: int, state: ReadState | None = None) -> bytes:
         if ref.kind is RefKind.INLINE:
             assert ref.data is not None
             return ref.data[off : off + size]
@@ -77,19 +106,25 @@ class RefReader:
 
             data = await self._shared((url, start, total), fetch_whole)
             return data[off:end]
-        return await self._read_blocks(url, ref.offset, total, off, end)
+        return await self._read_blocks(url, ref.offset, total, off, end, state)
 
-    async def _read_blocks(self, url: str, base: int, total: int, off: int, end: int) -> bytes:
+    def _block(self, url: str, base: int, total: int, b: int) -> tuple[tuple[str, int, int], Callable]:
+        start = base + b * self.block_size
+        stop = base + min((b + 1) * self.block_size, total)
+        return (url, start, stop - start), lambda: self.fetcher.cat_range(url, start, stop)
+
+    async def _read_blocks(
+        self, url: str, base: int, total: int, off: int, end: int, state: ReadState | None
+    ) -> bytes:
         bs = self.block_size
         first, last = off // bs, (end - 1) // bs
         parts: dict[int, bytes] = {}
+        if state is not None:
+            self._readahead(url, base, total, off, end, state)
 
         async def get(b: int) -> None:
-            start = base + b * bs
-            stop = base + min((b + 1) * bs, total)
-            parts[b] = await self._shared(
-                (url, start, stop - start), lambda: self.fetcher.cat_range(url, start, stop)
-            )
+            key, fetch = self._block(url, base, total, b)
+            parts[b] = await self._shared(key, fetch)
 
         if first == last:
             await get(first)
@@ -101,8 +136,56 @@ class RefReader:
         skip = off - first * bs
         return data[skip : skip + (end - off)]
 
+    def _readahead(
+        self, url: str, base: int, total: int, off: int, end: int, state: ReadState
+    ) -> None:
+        """Grow the window while reads are sequential; prefetch blocks after ``end``."""
+        bs = self.block_size
+        if off == state.last_end:
+            state.window = min(max(state.window * 2, 2 * bs), self.max_readahead)
+        elif off != 0:
+            state.window = 0  # a seek: stop prefetching until the reader streams again
+        state.last_end = end
+        if not state.window or self._background is None:
+            return
+        last = min((end + state.window - 1) // bs, (total - 1) // bs)
+        for b in range((end - 1) // bs + 1, last + 1):
+            key, fetch = self._block(url, base, total, b)
+            if key in self._inflight or self.memory.get(key) is not None:
+                continue
+            self._background.start_soon(self._prefetch, key, fetch)
+
+    async def _prefetch(self, key: tuple[str, int, int], fetch: Callable[[], Awaitable[bytes]]) -> None:
+        try:
+            await self._shared(key, fetch)
+        except Exception as e:  # the reader will see (and log) the error if it gets there
+            log.debug("readahead of %s failed: %s", key, e)
+
+    async def _from_disk(self, key: Hashable) -> bytes | None:
+        if self.disk is None or not isinstance(key, tuple):
+            return None
+        url, start, length = key
+        return await trio.to_thread.run_sync(
+            self.disk.get, url, start, length, limiter=self._disk_threads
+        )
+
+    def _to_disk(self, key: Hashable, data: bytes) -> None:
+        if self.disk is None or self._background is None or not isinstance(key, tuple):
+            return
+        if self._pending_writes >= self.MAX_PENDING_WRITES:
+            return  # the disk is slower than the network: skip rather than queue memory
+        self._pending_writes += 1
+        self._background.start_soon(self._write_disk, key, data)
+
+    async def _write_disk(self, key: tuple[str, int, int], data: bytes) -> None:
+        try:
+            assert self.disk is not None
+            await trio.to_thread.run_sync(self.disk.put, key[0], key[1], data, limiter=self._disk_threads)
+        finally:
+            self._pending_writes -= 1
+
     async def _shared(self, key: Hashable, fetch: Callable[[], Awaitable[bytes]]) -> bytes:
-        """Memory cache, else join an in-flight fetch of the same bytes, else fetch."""
+        """Memory, else join an in-flight load of the same bytes, else disk, else fetch."""
         while True:
             cached = self.memory.get(key)
             if cached is not None:
@@ -119,9 +202,14 @@ class RefReader:
                 raise flight.error
             # The leader was cancelled (its reader went away): try again ourselves.
         flight = self._inflight[key] = _Flight()
-        self.stats.misses += 1
         try:
-            data = await fetch()
+            data = await self._from_disk(key)
+            if data is not None:
+                self.stats.disk_hits += 1
+            else:
+                self.stats.misses += 1
+                data = await fetch()
+                self._to_disk(key, data)
             self.memory.put(key, data)
             flight.result = data
             return data
