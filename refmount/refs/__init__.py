@@ -15,7 +15,7 @@ from ..config import MountConfig
 from .index import INDEX_FORMAT, IndexBuilder, KeyIndex, write_index
 from .jsonrefs import detect_version, read_v0
 from .model import Ref, ReferenceSetError, RefKind
-from .parquet import is_parquet_source, load_parquet_set
+from .parquet import load_parquet_set, parquet_root
 from .source import open_source, source_identity
 
 __all__ = [
@@ -56,7 +56,7 @@ def build_index(source: str, target_options: dict, bad_keys: str = "error") -> I
 
 
 def prepare_index(cfg: MountConfig) -> IndexFile:
-    if is_parquet_source(cfg.source, cfg.target_options):
+    if parquet_root(cfg.source, cfg.target_options):
         load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys)  # validate .zmetadata now
         return IndexFile("", temporary=False, reused=False, kind="parquet")
     identity = source_identity(cfg.source, cfg.target_options, f"{INDEX_FORMAT}|{cfg.bad_keys}")

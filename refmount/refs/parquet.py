@@ -33,13 +33,18 @@ log = logging.getLogger(__name__)
 COLUMNS = ("path", "offset", "size", "raw")
 
 
-def is_parquet_source(source: str, target_options: dict[str, Any]) -> bool:
-    """A directory (any fsspec URL) holding ``.zmetadata``."""
+def parquet_root(source: str, target_options: dict[str, Any]) -> str | None:
+    """The root of a Parquet reference set, if SOURCE is one: a location (any fsspec URL,
+    HTTP included, where there is no directory listing) holding ``.zmetadata``, or that
+    ``.zmetadata`` file itself."""
+    root = source.rstrip("/")
+    if root.endswith("/.zmetadata"):
+        return root[: -len("/.zmetadata")]
     try:
-        fs, path = fsspec.core.url_to_fs(source, **target_options)
-        return fs.isdir(path) and fs.exists(path.rstrip("/") + "/.zmetadata")
+        fs, path = fsspec.core.url_to_fs(root + "/.zmetadata", **target_options)
+        return root if fs.isfile(path) else None
     except Exception:
-        return False
+        return None
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,7 @@ def _array_spec(name: str, key: str, zarray: Any) -> ArraySpec:
 
 
 def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str) -> ParquetSet:
-    root = source.rstrip("/")
+    root = parquet_root(source, target_options) or source.rstrip("/")
     name = root + "/.zmetadata"
     with open_source(name, target_options) as f:
         raw = f.read()
