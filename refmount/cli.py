@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Mount a kerchunk reference set (Version 0/1 JSON, or a Parquet "
         "reference directory) as a read-only directory tree.",
         epilog=f"mount options (-o):\n{table}\n\n"
+        "Other commands: refmount expand SOURCE [-o OUT] | refmount inspect SOURCE [--json] | "
+        "refmount stats MOUNTPOINT [--json]\n\n"
         "Generic mount options (ro, nodev, nosuid, _netdev, noauto, x-systemd.*, ...) are "
         "accepted and ignored.\nUnmount with: fusermount3 -u MOUNTPOINT",
     )
@@ -67,11 +69,70 @@ def config_from_args(args: argparse.Namespace) -> MountConfig:
     return cfg
 
 
+SUBCOMMANDS = ("expand", "inspect", "stats")
+
+
+def _tool_parser(command: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"refmount {command}")
+    if command == "stats":
+        p.description = "Show the counters of a mounted reference set."
+        p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    else:
+        p.add_argument("source", metavar="SOURCE", help="reference set (path or fsspec URL)")
+        p.add_argument("--target-options", default="{}", metavar="JSON|@FILE",
+                       help="fsspec storage options for opening SOURCE")
+    if command == "expand":
+        p.description = ("Write the Version 0 JSON equivalent of any reference set "
+                         "(Version 0/1 JSON or Parquet), streaming.")
+        p.add_argument("-o", "--output", default="-", metavar="OUT",
+                       help="output path or fsspec URL (.gz/.zst compressed by name); default stdout")
+    if command == "inspect":
+        p.description = "Summarise a reference set without mounting it."
+    if command in ("inspect", "stats"):
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return p
+
+
+def _run_tool(command: str, argv: list[str]) -> int:
+    import json
+
+    import fsspec
+
+    from . import tools
+    from .config import _json_option
+
+    args = _tool_parser(command).parse_args(argv)
+    if command == "stats":
+        stats = tools.read_stats(os.path.abspath(args.mountpoint))
+        print(json.dumps(stats, indent=2) if args.json else tools.format_stats(stats))
+        return 0
+    options = _json_option("--target-options", args.target_options)
+    source = args.source if "://" in args.source or "::" in args.source else os.path.abspath(args.source)
+    if command == "inspect":
+        info = tools.inspect(source, options)
+        print(json.dumps(info, indent=2) if args.json else tools.format_inspect(info))
+        return 0
+    if args.output == "-":
+        n = tools.expand(source, sys.stdout, options)
+    else:
+        with fsspec.open(args.output, "wt", compression="infer", encoding="utf-8") as out:
+            n = tools.expand(source, out, options)
+    print(f"refmount: wrote {n:,} keys", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = _parser().parse_args(argv)
     try:
+        if argv and argv[0] in SUBCOMMANDS:
+            logging.basicConfig(level=logging.WARNING, format="refmount: %(levelname)s: %(message)s")
+            return _run_tool(argv[0], argv[1:])
+        args = _parser().parse_args(argv)
         return _run(args)
+    except (ReferenceSetError, ConfigError, RuntimeError) as e:
+        return _fail(str(e))
+    except BrokenPipeError:
+        return 1
     except KeyboardInterrupt:
         return _fail("interrupted")
     except Exception as e:  # never a traceback for bad input: one line, non-zero exit

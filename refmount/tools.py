@@ -1,0 +1,242 @@
+"""Commands that work on reference sets or mounts without serving one:
+``refmount expand`` (write the Version 0 equivalent), ``refmount inspect`` (summarise),
+``refmount stats`` (a mount's counters)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import itertools
+import json
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import IO, Any
+
+import numpy as np
+
+from .refs import KeyIndex, Ref, RefKind, build_index
+from .refs.parquet import ParquetSet, RecordCache, load_parquet_set, parquet_root
+
+
+class Progress:
+    """A one-line progress indicator on stderr (only on a terminal, only after 1 s)."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if sys.stderr.isatty():
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        if self._stop.wait(1.0):
+            return
+        spinner = "|/-\\"
+        i = 0
+        while not self._stop.wait(0.2):
+            rate = self.count / max(time.monotonic() - start, 1e-9)
+            sys.stderr.write(f"\r{spinner[i % 4]} {self.label}: {self.count:,} keys ({rate:,.0f}/s) ")
+            sys.stderr.flush()
+            i += 1
+        sys.stderr.write("\r" + " " * 70 + "\r")
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+# ---- reading any reference set as (key, Ref) pairs -------------------------------------------
+
+
+def _parquet_refs(pset: ParquetSet, target_options: dict[str, Any]) -> Iterator[tuple[str, Ref]]:
+    for i in range(pset.metadata.n):
+        yield pset.metadata.key(i).decode(), pset.metadata.ref(i)
+    loader = RecordCache(pset, target_options)
+    rs = pset.record_size
+    for array in pset.arrays:
+        for record_no in range(math.ceil(array.count / rs)):
+            record = loader._load(array, record_no)
+            for row in np.flatnonzero(record.exists).tolist():
+                number = record_no * rs + row
+                if number < array.count:
+                    ref = record.ref(row)
+                    assert ref is not None
+                    yield f"{array.path}/{array.chunk_name(number)}", ref
+
+
+def iter_references(source: str, target_options: dict[str, Any], progress: Progress | None = None
+                    ) -> Iterator[tuple[str, Ref]]:
+    if parquet_root(source, target_options):
+        pairs: Iterator[tuple[str, Ref]] = _parquet_refs(
+            load_parquet_set(source, target_options, "error"), target_options
+        )
+    else:
+        builder = build_index(source, target_options)
+        index = KeyIndex(builder.finish())
+        pairs = ((k.decode(), r) for k, r in index.iter_refs())
+    for pair in pairs:
+        if progress is not None:
+            progress.count += 1
+        yield pair
+
+
+# ---- expand -------------------------------------------------------------------------------
+
+
+def ref_to_json(ref: Ref) -> Any:
+    if ref.kind is RefKind.INLINE:
+        assert ref.data is not None
+        try:
+            text = ref.data.decode()
+            if not text.startswith("base64:"):
+                return text
+        except UnicodeDecodeError:
+            pass
+        return "base64:" + base64.b64encode(ref.data).decode()
+    if ref.kind is RefKind.WHOLE:
+        return [ref.url]
+    return [ref.url, ref.offset, ref.length]
+
+
+def expand(source: str, out: IO[str], target_options: dict[str, Any]) -> int:
+    """Stream the Version 0 equivalent of any reference set to ``out``; returns key count."""
+    progress = Progress("expanding")
+    n = 0
+    try:
+        pairs = iter_references(source, target_options, progress)
+        first = next(pairs, None)  # parse errors surface before anything is written
+        out.write("{")
+        if first is not None:
+            for key, ref in itertools.chain([first], pairs):
+                out.write(("\n" if n == 0 else ",\n") + json.dumps(key) + ": " + json.dumps(ref_to_json(ref)))
+                n += 1
+        out.write("\n}\n" if n else "}\n")
+    finally:
+        progress.close()
+    return n
+
+
+# ---- inspect ------------------------------------------------------------------------------
+
+
+def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
+    progress = Progress("reading")
+    keys = inline_bytes = referenced = whole = 0
+    targets: set[str] = set()
+    arrays: dict[str, dict[str, Any]] = {}
+    try:
+        for key, ref in iter_references(source, target_options, progress):
+            keys += 1
+            if ref.kind is RefKind.INLINE:
+                inline_bytes += ref.length
+                if key == ".zarray" or key.endswith("/.zarray"):
+                    try:
+                        meta = json.loads(ref.data or b"")
+                    except ValueError:
+                        meta = {}
+                    path = key[: -len("/.zarray")] if "/" in key else ""
+                    arrays[path] = {
+                        "shape": meta.get("shape"),
+                        "chunks": meta.get("chunks"),
+                        "dtype": meta.get("dtype"),
+                        "compressor": (meta.get("compressor") or {}).get("id")
+                        if isinstance(meta.get("compressor"), dict) else meta.get("compressor"),
+                        "filters": [f.get("id") for f in meta.get("filters") or [] if isinstance(f, dict)],
+                    }
+            else:
+                assert ref.url is not None
+                targets.add(ref.url)
+                if ref.kind is RefKind.WHOLE:
+                    whole += 1
+                else:
+                    referenced += ref.length
+    finally:
+        progress.close()
+    return {
+        "source": source,
+        "format": "parquet" if parquet_root(source, target_options) else "json",
+        "keys": keys,
+        "arrays": arrays,
+        "targets": len(targets),
+        "referenced_bytes": referenced,
+        "whole_file_refs": whole,
+        "inline_bytes": inline_bytes,
+    }
+
+
+def format_inspect(info: dict[str, Any]) -> str:
+    lines = [
+        f"source            {info['source']}",
+        f"format            {info['format']}",
+        f"keys              {info['keys']:,}",
+        f"distinct targets  {info['targets']:,}",
+        f"referenced bytes  {info['referenced_bytes']:,} ({human(info['referenced_bytes'])})"
+        + (f" + {info['whole_file_refs']} whole-file refs" if info["whole_file_refs"] else ""),
+        f"inline bytes      {info['inline_bytes']:,} ({human(info['inline_bytes'])})",
+        f"arrays            {len(info['arrays'])}",
+    ]
+    if info["arrays"]:
+        rows = [("array", "shape", "chunks", "dtype", "compressor")]
+        for path, a in sorted(info["arrays"].items()):
+            comp = a["compressor"] or "-"
+            if a["filters"]:
+                comp += " (" + ",".join(map(str, a["filters"])) + ")"
+            rows.append((path or "/", str(a["shape"]), str(a["chunks"]), str(a["dtype"]), comp))
+        lines.append("")
+        lines.extend(_table(rows))
+    return "\n".join(lines)
+
+
+# ---- stats --------------------------------------------------------------------------------
+
+STATS_XATTR = "user.refmount.stats"
+
+
+def read_stats(mountpoint: str) -> dict[str, Any]:
+    try:
+        raw = os.getxattr(mountpoint, STATS_XATTR)
+    except OSError as e:
+        raise RuntimeError(f"{mountpoint}: not a refmount mount ({e.strerror})") from None
+    stats = json.loads(raw)
+    for name in ("source", "format", "keys", "targets"):
+        with contextlib.suppress(OSError):
+            stats[name] = os.getxattr(mountpoint, f"user.refmount.{name}").decode()
+    return stats
+
+
+def format_stats(stats: dict[str, Any]) -> str:
+    order = [
+        ("source", "source"), ("keys", "keys"), ("uptime", "uptime (s)"),
+        ("reads", "FUSE reads"), ("bytes_read", "bytes returned"),
+        ("requests", "fetches from targets"), ("bytes_fetched", "bytes fetched"),
+        ("memory_hits", "memory cache hits"), ("disk_hits", "disk cache hits"),
+        ("misses", "cache misses"), ("retries", "retries"), ("errors", "errors"),
+        ("open_files", "open files"),
+    ]
+    rows = [(label, f"{stats[k]:,}" if isinstance(stats.get(k), int) else str(stats.get(k, "-")))
+            for k, label in order if k in stats]
+    return "\n".join(_table(rows, header=False))
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _table(rows: list[tuple[str, ...]], header: bool = True) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    if header:
+        out.insert(1, "  ".join("-" * w for w in widths))
+    return out
