@@ -19,7 +19,14 @@ import time
 
 from . import __version__
 from .config import OPTION_HELP, ConfigError, MountConfig, apply_options, split_options
-from .daemon import MountError, check_mountpoint, serve, setup_logging
+from .daemon import (
+    MountError,
+    check_mountpoint,
+    check_targets,
+    recover_stale_mount,
+    serve,
+    setup_logging,
+)
 from .refs import IndexFile, ReferenceSetError, prepare_index
 
 log = logging.getLogger("refmount")
@@ -148,8 +155,11 @@ def _run(args: argparse.Namespace) -> int:
     # Until the daemon takes over, warnings (e.g. skipped keys) go to stderr.
     logging.basicConfig(level=logging.WARNING, format="refmount: %(levelname)s: %(message)s")
     try:
+        if cfg.recover:
+            recover_stale_mount(cfg.mountpoint)
         check_mountpoint(cfg.mountpoint)
         index_file = prepare_index(cfg)
+        check_targets(cfg, index_file)
     except (ReferenceSetError, MountError) as e:
         return _fail(str(e))
     except MemoryError:

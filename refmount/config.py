@@ -62,6 +62,17 @@ class MountConfig:
     log: str | None = None  # "stderr" | "syslog" | path; None = stderr in foreground, syslog/file detached
     log_level: str = "info"
     bad_keys: str = "error"  # "error" | "skip"
+    # Local targets are readable only under these directories. None: the directory of a
+    # local SOURCE (nothing for a remote SOURCE). ["/"] allows every local file.
+    allow_local: list[str] | None = None
+    recover: bool = False  # clear a stale (dead-daemon) mount at MOUNTPOINT first
+
+    def local_roots(self) -> list[str]:
+        if self.allow_local is not None:
+            return self.allow_local
+        if "://" not in self.source and "::" not in self.source:
+            return [os.path.dirname(os.path.realpath(self.source))]
+        return []
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -187,6 +198,9 @@ OPTION_HELP: dict[str, str] = {
     "log=stderr|syslog|FILE": "where the daemon logs (default: stderr with -f, else syslog, "
     "or a file in cache_dir when there is no syslog)",
     "log_level=LEVEL": "debug, info, warning or error (default info)",
+    "allow_local=DIR[:DIR...]": "local files that references may read (default: the directory "
+    "of a local SOURCE; none for a remote SOURCE; '/' for all)",
+    "recover": "if MOUNTPOINT is a stale mount left by a killed daemon, clear it first",
     "bad_keys=error|skip": "refuse a reference set with keys that cannot be paths (default), "
     "or skip those keys with a warning",
 }
@@ -199,7 +213,7 @@ def apply_options(cfg: MountConfig, options: list[str]) -> None:
         name = name.strip()
         if name in IGNORED_OPTIONS or name.startswith(("x-systemd.", "x-", "comment=")):
             continue
-        flag_only = {"allow_other", "allow_root", "no_disk_cache", "debug"}
+        flag_only = {"allow_other", "allow_root", "no_disk_cache", "debug", "recover"}
         if name in flag_only:
             if sep:
                 raise ConfigError(f"option {name} takes no value")
@@ -262,6 +276,13 @@ def apply_options(cfg: MountConfig, options: list[str]) -> None:
                 if value not in ("error", "skip"):
                     raise ConfigError(f"bad_keys must be 'error' or 'skip', got {value!r}")
                 cfg.bad_keys = value
+            case "allow_local":
+                roots = [r for r in value.split(":") if r]
+                if not all(os.path.isabs(r) for r in roots):
+                    raise ConfigError("allow_local takes absolute directories separated by ':'")
+                cfg.allow_local = [os.path.realpath(r) for r in roots]
+            case "recover":
+                cfg.recover = True
             case "debug":
                 cfg.debug = True
                 cfg.log_level = "debug"

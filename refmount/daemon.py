@@ -14,6 +14,7 @@ import logging.handlers
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ import trio
 
 from .cache import DiskCache, MemoryLRU
 from .config import MountConfig
-from .fetch import Fetcher, redact_url
+from .fetch import Fetcher, TargetPolicy, redact_url
 from .fs import RefFS
 from .reader import RefReader
 from .refs import IndexFile, KeyIndex
@@ -88,6 +89,21 @@ def check_mountpoint(path: str) -> None:
         raise MountError(f"mountpoint {path} is already mounted (unmount it first)")
 
 
+def recover_stale_mount(path: str) -> None:
+    """Clear a mount whose daemon is gone (stat fails with ENOTCONN); leave live ones."""
+    try:
+        os.stat(path)
+        return
+    except OSError as e:
+        if e.errno != errno.ENOTCONN:
+            return
+    log.warning("clearing stale mount at %s (its daemon died)", path)
+    result = subprocess.run(["fusermount3", "-uz", path], capture_output=True, text=True)
+    if result.returncode != 0:
+        msg = (result.stderr or result.stdout).strip().splitlines()
+        raise MountError(f"cannot clear stale mount at {path}: {msg[-1] if msg else result.returncode}")
+
+
 def fuse_options(cfg: MountConfig) -> set[str]:
     fsname = redact_url(cfg.fsname or cfg.source)
     fsname = "".join("_" if c in ",\\ \t\n" else c for c in fsname)[:200]
@@ -117,11 +133,34 @@ def sd_notify(message: str) -> None:
         log.warning("cannot notify systemd at %s: %s", addr, e.strerror)
 
 
+def target_policy(cfg: MountConfig) -> TargetPolicy:
+    local_source = "://" not in cfg.source and "::" not in cfg.source
+    base = os.path.dirname(os.path.realpath(cfg.source)) if local_source else None
+    return TargetPolicy(cfg.local_roots(), base, cfg.remote_protocol)
+
+
+def check_targets(cfg: MountConfig, index_file: IndexFile) -> None:
+    """Refuse the mount if any distinct target URL is not allowed (JSON sets; Parquet
+    record files are read lazily, so their targets are checked at read time)."""
+    if index_file.kind != "json":
+        return
+    index = KeyIndex.open(index_file.path)
+    if not index.n:
+        return
+    policy = target_policy(cfg)
+    for url in index.urls():
+        reason = policy.problem(url, resolve=True)
+        if reason:
+            key = index.key(index.first_with_url(url)).decode(errors="replace")
+            raise MountError(f"key {key!r}: {redact_url(url)}: {reason}")
+
+
 def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
     stats = Stats()
     fetcher = Fetcher(
         cfg.remote_protocol,
         cfg.remote_options,
+        target_policy(cfg),
         timeout=cfg.timeout,
         retries=cfg.retries,
         max_connections=cfg.max_connections,

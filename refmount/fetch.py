@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import errno
 import logging
+import os
 import random
 import re
 from collections.abc import Awaitable, Callable
@@ -82,11 +83,88 @@ async def await_future(fut: concurrent.futures.Future) -> Any:
     return fut.result()
 
 
+_LOCAL = frozenset({"file", "local"})
+
+
+class TargetPolicy:
+    """Which targets a mount may read. Reference sets are untrusted, and a daemon serving
+    other users (allow_other, or root) must not become a way to read ``/etc/shadow``:
+    protocols must be known to fsspec, and local files must lie under ``local_roots``
+    after symlinks are resolved."""
+
+    def __init__(self, local_roots: list[str], base_dir: str | None, remote_protocol: str | None):
+        self.local_roots = [os.path.realpath(r) for r in local_roots]
+        self.base_dir = base_dir  # relative local paths are relative to SOURCE's directory
+        self.remote_protocol = remote_protocol
+        self._protocols: dict[str, str | None] = {}
+
+    def full_url(self, url: str) -> str:
+        if "://" in url or "::" in url:
+            return url
+        if self.remote_protocol and self.remote_protocol not in _LOCAL:
+            return f"{self.remote_protocol}://{url}"
+        if not os.path.isabs(url):
+            if self.base_dir is None:
+                return url  # refused by check(): no directory to be relative to
+            url = os.path.join(self.base_dir, url)
+        return url
+
+    def _chain(self, url: str) -> list[tuple[str, str]]:
+        """(protocol, path) of each link of a (possibly chained) URL."""
+        try:
+            links = fsspec.core._un_chain(url, {})
+        except Exception as e:
+            raise FetchError(url, f"cannot parse URL ({describe(e)})", errno.EINVAL) from None
+        out = []
+        for path, protocol, _ in links:
+            proto = protocol[0] if isinstance(protocol, tuple | list) else protocol
+            out.append((proto or "file", path))
+        return out
+
+    def _protocol_problem(self, protocol: str) -> str | None:
+        if protocol not in self._protocols:
+            try:
+                fsspec.get_filesystem_class(protocol)
+                self._protocols[protocol] = None
+            except ImportError as e:
+                self._protocols[protocol] = f"protocol {protocol!r} needs a missing package ({e})"
+            except ValueError:
+                self._protocols[protocol] = f"unknown URL protocol {protocol!r}"
+        return self._protocols[protocol]
+
+    def problem(self, url: str, *, resolve: bool) -> str | None:
+        """Why ``url`` may not be read (None if it may). ``resolve`` follows symlinks of
+        local paths (file system I/O: call it from a worker thread)."""
+        full = self.full_url(url)
+        try:
+            chain = self._chain(full)
+        except FetchError as e:
+            if "Protocol not known" in e.reason:
+                return f"unknown URL protocol in {redact_url(full)!r}"
+            return e.reason
+        for protocol, path in chain:
+            reason = self._protocol_problem(protocol)
+            if reason:
+                return reason
+            if protocol in _LOCAL:
+                local = path.removeprefix("file://")
+                if not os.path.isabs(local):
+                    return "relative local path, and SOURCE is not a local file to be relative to"
+                real = os.path.realpath(local) if resolve else os.path.normpath(local)
+                if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in self.local_roots):
+                    roots = ":".join(self.local_roots) or "none"
+                    where = local if real == os.path.normpath(local) else f"{local} (-> {real})"
+                    return (f"local file {where} is outside the allowed directories ({roots}); "
+                            "allow it with -o allow_local=DIR")
+        return None
+
+
 class Fetcher:
     def __init__(
         self,
         remote_protocol: str | None,
         remote_options: dict[str, Any],
+        policy: TargetPolicy,
         *,
         timeout: float,
         retries: int,
@@ -95,6 +173,7 @@ class Fetcher:
     ) -> None:
         self.remote_protocol = remote_protocol
         self.remote_options = remote_options
+        self.policy = policy
         self.timeout = timeout
         self.retries = retries
         self.stats = stats
@@ -104,8 +183,7 @@ class Fetcher:
 
     # ---- filesystem resolution ----------------------------------------------------------
     def resolve(self, url: str) -> tuple[AbstractFileSystem, str]:
-        if "://" not in url and "::" not in url and self.remote_protocol:
-            url = f"{self.remote_protocol}://{url}"
+        url = self.policy.full_url(url)
         protocol = url.split("://", 1)[0] if "://" in url else "file"
         if "::" in url:  # chained URL: let fsspec build the chain each time (cached inside)
             return url_to_fs(url, **self.remote_options)
@@ -119,15 +197,24 @@ class Fetcher:
         return fs, fs._strip_protocol(url)
 
     # ---- the bridge ---------------------------------------------------------------------
-    async def _call(self, fs: AbstractFileSystem, method: str, *args: Any, **kw: Any) -> Any:
+    async def _call(self, url: str, fs: AbstractFileSystem, method: str, *args: Any, **kw: Any) -> Any:
         if getattr(fs, "async_impl", False) and getattr(fs, "loop", None) is not None:
+            reason = self.policy.problem(url, resolve=False)  # remote: no local I/O to do
+            if reason:
+                raise FetchError(url, reason, errno.EACCES)
             coro = getattr(fs, "_" + method)(*args, **kw)
             fut = asyncio.run_coroutine_threadsafe(coro, fs.loop)
             return await await_future(fut)
         fn: Callable[..., Any] = getattr(fs, method)
-        return await trio.to_thread.run_sync(
-            lambda: fn(*args, **kw), limiter=self._threads, abandon_on_cancel=True
-        )
+
+        def checked() -> Any:
+            # Local (or chained) target: resolve symlinks right before opening, in the thread.
+            reason = self.policy.problem(url, resolve=True)
+            if reason:
+                raise FetchError(url, reason, errno.EACCES)
+            return fn(*args, **kw)
+
+        return await trio.to_thread.run_sync(checked, limiter=self._threads, abandon_on_cancel=True)
 
     async def _with_retries(self, url: str, what: str, op: Callable[[], Awaitable[Any]]) -> Any:
         """Run ``op`` with retries and exponential backoff, all within ``self.timeout``."""
@@ -162,7 +249,7 @@ class Fetcher:
         want = end - start
 
         async def op() -> bytes:
-            data = await self._call(fs, "cat_file", path, start=start, end=end)
+            data = await self._call(url, fs, "cat_file", path, start=start, end=end)
             if not isinstance(data, bytes | bytearray | memoryview):
                 raise FetchError(url, f"bytes {start}-{end}: backend returned {type(data)}")
             if len(data) != want:
@@ -179,7 +266,7 @@ class Fetcher:
         fs, path = self.resolve(url)
 
         async def op() -> int:
-            info = await self._call(fs, "info", path)
+            info = await self._call(url, fs, "info", path)
             size = info.get("size")
             if size is None:
                 raise FetchError(url, "size: the storage does not report a size")

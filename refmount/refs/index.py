@@ -405,6 +405,17 @@ class KeyIndex:
     def url_count(self) -> int:
         return len(self._url_strings)
 
+    def urls(self) -> Iterator[str]:
+        """The distinct target URLs that some key uses."""
+        used = np.unique(self._url_ids[self._kinds != RefKind.INLINE])
+        for uid in used.tolist():
+            yield self._url_strings[uid].as_py()
+
+    def first_with_url(self, url: str) -> int:
+        uid = self._url_strings.to_pylist().index(url)
+        hits = np.flatnonzero((self._url_ids == uid) & (self._kinds != RefKind.INLINE))
+        return int(hits[0])
+
     def iter_refs(self) -> Iterator[tuple[bytes, Ref]]:
         for i in range(self.n):
             yield self.key(i), self.ref(i)
