@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .api import MountError, mounted, unmount
+
 try:
     __version__ = version("refmount")
 except PackageNotFoundError:  # running from a source tree without installation
     __version__ = "0.0.0+unknown"
+
+__all__ = ["MountError", "__version__", "mounted", "unmount"]
