@@ -62,14 +62,18 @@ class MountConfig:
     log: str | None = None  # "stderr" | "syslog" | path; None = stderr in foreground, syslog/file detached
     log_level: str = "info"
     bad_keys: str = "error"  # "error" | "skip"
-    # Local targets are readable only under these directories. None: the directory of a
-    # local SOURCE (nothing for a remote SOURCE). ["/"] allows every local file.
+    # Local targets are readable only under these directories ("/" = all). None = the
+    # default: all when only the mounting user can access the mount (no escalation is
+    # possible), and only the directory of a local SOURCE (nothing for a remote SOURCE)
+    # when the mount is shared (allow_other / allow_root).
     allow_local: list[str] | None = None
     recover: bool = False  # clear a stale (dead-daemon) mount at MOUNTPOINT first
 
     def local_roots(self) -> list[str]:
         if self.allow_local is not None:
             return self.allow_local
+        if not (self.allow_other or self.allow_root):
+            return ["/"]
         if "://" not in self.source and "::" not in self.source:
             return [os.path.dirname(os.path.realpath(self.source))]
         return []
@@ -198,8 +202,9 @@ OPTION_HELP: dict[str, str] = {
     "log=stderr|syslog|FILE": "where the daemon logs (default: stderr with -f, else syslog, "
     "or a file in cache_dir when there is no syslog)",
     "log_level=LEVEL": "debug, info, warning or error (default info)",
-    "allow_local=DIR[:DIR...]": "local files that references may read (default: the directory "
-    "of a local SOURCE; none for a remote SOURCE; '/' for all)",
+    "allow_local=DIR[:DIR...]": "local files that references may read; default: all for a "
+    "private mount, and for a shared one (allow_other/allow_root) only the directory of a local "
+    "SOURCE (none for a remote SOURCE)",
     "recover": "if MOUNTPOINT is a stale mount left by a killed daemon, clear it first",
     "bad_keys=error|skip": "refuse a reference set with keys that cannot be paths (default), "
     "or skip those keys with a warning",
