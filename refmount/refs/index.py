@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -60,12 +60,42 @@ class IndexBuilder:
         self.skipped: list[str] = []
 
     def _reset(self) -> None:
+        # Cleared in place after each flush, so add_items can keep local references.
         self._keys: list[str] = []
         self._kinds: list[int] = []
         self._urls: list[int] = []
         self._offs: list[int] = []
         self._lens: list[int] = []
         self._data: list[bytes] = []
+
+    def add_items(self, items: Iterable[tuple[str, Any]]) -> None:
+        """Add (key, Version 0 value) pairs. Range references — nearly every key of a big
+        set — take a tight path; anything else goes through ``add_value``'s validation."""
+        keys, kinds, urls, offs, lens, data = (
+            self._keys, self._kinds, self._urls, self._offs, self._lens, self._data
+        )
+        url_ids = self._url_ids
+        add_value = self.add_value
+        for key, value in items:
+            if type(value) is list and len(value) == 3:
+                url, off, ln = value
+                if (
+                    type(off) is int and type(ln) is int and type(url) is str and url
+                    and off >= 0 and ln >= 0 and off + ln <= INT64_MAX
+                ):
+                    uid = url_ids.get(url)
+                    if uid is None:
+                        uid = url_ids[url] = len(url_ids)
+                    keys.append(key)
+                    kinds.append(1)
+                    urls.append(uid)
+                    offs.append(off)
+                    lens.append(ln)
+                    data.append(b"")
+                    if len(keys) >= _BATCH:
+                        self._flush()
+                    continue
+            add_value(key, value)
 
     def _url_id(self, url: object, key: str) -> int:
         if type(url) is not str or not url:
@@ -207,7 +237,8 @@ class IndexBuilder:
                 names=["key", "kind", "url", "offset", "length", "data"],
             )
         )
-        self._reset()
+        for column in (self._keys, self._kinds, self._urls, self._offs, self._lens, self._data):
+            column.clear()
 
     def __len__(self) -> int:
         return sum(b.num_rows for b in self._batches) + len(self._keys)

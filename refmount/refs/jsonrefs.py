@@ -57,8 +57,6 @@ def detect_version(open_stream: Opener, name: str) -> int:
 def read_v0(open_stream: Opener, name: str, builder: IndexBuilder) -> None:
     with open_stream() as f:
         try:
-            add = builder.add_value
-            for key, value in ijson.kvitems(f, "", use_float=True):
-                add(key, value)
+            builder.add_items(ijson.kvitems(f, "", use_float=True))
         except ijson.JSONError as e:
             raise _json_error(name, e) from None
