@@ -42,7 +42,7 @@ class MountConfig:
     fsname: str | None = None
     subtype: str = "refmount"
     attr_timeout: float = 86400.0
-    max_tasks: int = 64
+    max_tasks: int = 256
     # caching
     cache_dir: str = field(default_factory=default_cache_dir)
     disk_cache: bool = True
@@ -196,9 +196,9 @@ OPTION_HELP: dict[str, str] = {
     "block_size=SIZE": "block size for larger ranges and whole-file targets (default 4M)",
     "timeout=SEC": "time limit for one read's fetch, retries included (default 30)",
     "retries=N": "retries of a failed fetch, with backoff (default 3)",
-    "max_connections=N": "concurrent requests to the targets (default 32)",
+    "max_connections=N": "concurrent requests to each target host (default 32)",
     "attr_timeout=SEC": "how long the kernel may cache names and attributes (default 86400)",
-    "max_tasks=N": "FUSE requests handled concurrently (default 64)",
+    "max_tasks=N": "FUSE requests handled concurrently (default 256)",
     "log=stderr|syslog|FILE": "where the daemon logs (default: stderr with -f, else syslog, "
     "or a file in cache_dir when there is no syslog)",
     "log_level=LEVEL": "debug, info, warning or error (default info)",

@@ -19,6 +19,7 @@ import random
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import fsspec
 import trio
@@ -177,7 +178,8 @@ class Fetcher:
         self.timeout = timeout
         self.retries = retries
         self.stats = stats
-        self._limiter = trio.CapacityLimiter(max_connections)
+        self.max_connections = max_connections
+        self._host_limiters: dict[str, trio.CapacityLimiter] = {}
         self._threads = trio.CapacityLimiter(max(4, min(max_connections, 32)))
         self._fs: dict[str, AbstractFileSystem] = {}
 
@@ -216,13 +218,22 @@ class Fetcher:
 
         return await trio.to_thread.run_sync(checked, limiter=self._threads, abandon_on_cancel=True)
 
+    def _limiter(self, url: str) -> trio.CapacityLimiter:
+        """One bound per host, so a stalled server cannot take every slot from the others."""
+        host = urlsplit(self.policy.full_url(url)).netloc.rpartition("@")[2] or "local"
+        limiter = self._host_limiters.get(host)
+        if limiter is None:
+            limiter = self._host_limiters[host] = trio.CapacityLimiter(self.max_connections)
+        return limiter
+
     async def _with_retries(self, url: str, what: str, op: Callable[[], Awaitable[Any]]) -> Any:
         """Run ``op`` with retries and exponential backoff, all within ``self.timeout``."""
         attempt = 0
+        limiter = self._limiter(url)
         with trio.move_on_after(self.timeout) as scope:
             while True:
                 try:
-                    async with self._limiter:
+                    async with limiter:
                         return await op()
                 except _PERMANENT as e:
                     code = errno.ENOENT if isinstance(e, FileNotFoundError) else errno.EIO
