@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pyfuse3
 import trio
 
@@ -190,9 +189,8 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
         if index_file.temporary:
             os.unlink(index_file.path)  # the mapping keeps it alive; nothing left behind
         tree = KeyTree(index)
-        lengths = index._lengths
-        info["targets"] = str(index.url_count() if index.n else 0)
-        info["referenced_bytes"] = str(int(np.sum(lengths[lengths > 0])) if index.n else 0)
+        for name in ("targets", "referenced_bytes", "inline_bytes"):
+            info[name] = index.metadata.get(name, "?")
     info["keys"] = str(len(tree))
     return RefFS(
         tree,

@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import dataclass
 
 from ..config import MountConfig
-from .index import INDEX_FORMAT, IndexBuilder, KeyIndex, write_index
+from .index import INDEX_FORMAT, IndexBuilder, KeyIndex, summary_metadata, write_index
 from .jsonrefs import detect_version, read_v0
 from .model import Ref, ReferenceSetError, RefKind
 from .parquet import load_parquet_set, parquet_root
@@ -75,7 +75,8 @@ def prepare_index(cfg: MountConfig) -> IndexFile:
     if builder.skipped:
         log.warning("skipped %d keys that cannot be paths (bad_keys=skip), e.g. %r",
                     len(builder.skipped), builder.skipped[0])
-    meta = {"source": cfg.source, "keys": str(table.num_rows)}
+    meta = summary_metadata(table)
+    meta["source"] = cfg.source
     if cached:
         try:
             write_index(table, cached, meta)

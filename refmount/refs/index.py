@@ -356,6 +356,22 @@ def decode_inline(key: str, value: str) -> bytes:
         raise ReferenceSetError(f"key {_short(key)}: inline text is not valid Unicode") from None
 
 
+def summary_metadata(table: pa.Table) -> dict[str, str]:
+    """Totals stored with the index, so the daemon never scans columns to report them."""
+    if not table.num_rows:
+        return {"keys": "0", "targets": "0", "referenced_bytes": "0", "inline_bytes": "0"}
+    kind = table["kind"]
+    ranged = pc.equal(kind, int(RefKind.RANGE))
+    remote = pc.not_equal(kind, int(RefKind.INLINE))
+    used_urls = pc.count_distinct(pc.filter(table["url"].combine_chunks().indices, remote))
+    return {
+        "keys": str(table.num_rows),
+        "targets": str(used_urls.as_py()),
+        "referenced_bytes": str(pc.sum(pc.filter(table["length"], ranged)).as_py() or 0),
+        "inline_bytes": str(pc.sum(pc.binary_length(table["data"])).as_py() or 0),
+    }
+
+
 def write_index(table: pa.Table, path: str, metadata: dict[str, str]) -> None:
     """Write atomically (temp file + rename), so concurrent mounts never see half a file."""
     directory = os.path.dirname(path)
@@ -388,12 +404,12 @@ class KeyIndex:
         key = column("key")
         self._koff = np.frombuffer(key.buffers()[1], np.int64, n + 1, key.offset * 8)
         self._kbuf = memoryview(key.buffers()[2] or b"")
-        self._kinds = column("kind").to_numpy()
+        self._kinds = _view(column("kind"), np.int8)
         url = column("url")
-        self._url_ids = url.indices.to_numpy() if n else np.zeros(0, np.int32)
+        self._url_ids = _view(url.indices, np.int32) if n else np.zeros(0, np.int32)
         self._url_strings = url.dictionary if n else pa.array([], pa.large_string())
-        self._offsets = column("offset").to_numpy()
-        self._lengths = column("length").to_numpy()
+        self._offsets = _view(column("offset"), np.int64)
+        self._lengths = _view(column("length"), np.int64)
         data = column("data")
         self._doff = np.frombuffer(data.buffers()[1], np.int64, n + 1, data.offset * 8)
         self._dbuf = memoryview(data.buffers()[2] or b"")
@@ -450,6 +466,15 @@ class KeyIndex:
     def iter_refs(self) -> Iterator[tuple[bytes, Ref]]:
         for i in range(self.n):
             yield self.key(i), self.ref(i)
+
+
+def _view(array: pa.Array, dtype: type) -> np.ndarray:
+    """A zero-copy numpy view of a null-free fixed-width Arrow array. (``to_numpy()``
+    faults in several times the column's size; a view touches pages only when read.)"""
+    if array.null_count:
+        raise ValueError("index columns have no nulls")
+    item = np.dtype(dtype).itemsize
+    return np.frombuffer(array.buffers()[1], dtype, len(array), array.offset * item)
 
 
 class _KeySequence:
