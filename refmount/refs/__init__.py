@@ -10,10 +10,13 @@ import logging
 import os
 import tempfile
 from dataclasses import dataclass
+from typing import Any
+
+import ijson
 
 from ..config import MountConfig
 from .index import INDEX_FORMAT, IndexBuilder, KeyIndex, summary_metadata, write_index
-from .jsonrefs import detect_version, read_v0
+from .jsonrefs import IntegerOverflow, Opener, detect_version, read_v0
 from .model import Ref, ReferenceSetError, RefKind
 from .parquet import load_parquet_set, parquet_root
 from .source import open_source, source_identity
@@ -44,14 +47,23 @@ def build_index(source: str, target_options: dict, bad_keys: str = "error") -> I
     def opener():
         return open_source(source, target_options)
 
-    version = detect_version(opener, source)
+    try:
+        return _build(opener, source, bad_keys, ijson)
+    except IntegerOverflow:
+        log.warning("%s has integers beyond 64 bits: parsing again with the slower Python parser",
+                    source)
+        return _build(opener, source, bad_keys, ijson.get_backend("python"))
+
+
+def _build(opener: Opener, source: str, bad_keys: str, backend: Any) -> IndexBuilder:
+    version = detect_version(opener, source, backend)
     builder = IndexBuilder(bad_keys)
     if version == 0:
-        read_v0(opener, source, builder)
+        read_v0(opener, source, builder, backend)
     else:
         from .v1 import read_v1
 
-        read_v1(opener, source, builder)
+        read_v1(opener, source, builder, backend)
     return builder
 
 

@@ -8,7 +8,7 @@ each entry goes straight into the columnar IndexBuilder.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import IO
+from typing import IO, Any
 
 import ijson
 
@@ -20,18 +20,25 @@ V1_FIELDS = frozenset({"version", "templates", "gen", "refs"})
 Opener = Callable[[], IO[bytes]]
 
 
+class IntegerOverflow(ReferenceSetError):
+    """yajl (the C parser) stops at integers beyond 64 bits; such files are valid JSON and
+    are read again with ijson's pure-Python parser."""
+
+
 def _json_error(name: str, err: Exception) -> ReferenceSetError:
     msg = " ".join(str(err).split())
+    if "integer overflow" in msg:
+        return IntegerOverflow(f"{name}: integer beyond 64 bits")
     if len(msg) > 160:
         msg = msg[:157] + "..."
     return ReferenceSetError(f"{name}: malformed JSON: {msg}")
 
 
-def detect_version(open_stream: Opener, name: str) -> int:
+def detect_version(open_stream: Opener, name: str, backend: Any = ijson) -> int:
     """0 or 1. Reads only as far as needed: the first top-level key decides unless it is
     one of Version 1's field names, in which case all top-level keys are scanned."""
     with open_stream() as f:
-        events = ijson.parse(f, use_float=True)
+        events = backend.parse(f, use_float=True)
         try:
             first = next(events, None)
             if first is None:
@@ -54,9 +61,9 @@ def detect_version(open_stream: Opener, name: str) -> int:
     return 0
 
 
-def read_v0(open_stream: Opener, name: str, builder: IndexBuilder) -> None:
+def read_v0(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any = ijson) -> None:
     with open_stream() as f:
         try:
-            builder.add_items(ijson.kvitems(f, "", use_float=True))
+            builder.add_items(backend.kvitems(f, "", use_float=True))
         except ijson.JSONError as e:
             raise _json_error(name, e) from None

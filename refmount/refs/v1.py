@@ -357,24 +357,24 @@ def expand_gen(entry: Any, i: int, templates: TemplateSet, builder: IndexBuilder
         builder.add_columns(keys, urls, offsets, lengths, where=f"{name}: {where}")
 
 
-def _read_section(open_stream: Opener, name: str, prefix: str) -> Any:
+def _read_section(open_stream: Opener, name: str, prefix: str, backend: Any) -> Any:
     with open_stream() as f:
         try:
-            for value in ijson.items(f, prefix, use_float=True):
+            for value in backend.items(f, prefix, use_float=True):
                 return value
         except ijson.JSONError as e:
             raise _json_error(name, e) from None
     return None
 
 
-def read_v1(open_stream: Opener, name: str, builder: IndexBuilder) -> None:
-    version = _read_section(open_stream, name, "version")
+def read_v1(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any = ijson) -> None:
+    version = _read_section(open_stream, name, "version", backend)
     if version != 1 or isinstance(version, bool):
         raise ReferenceSetError(f"{name}: unsupported reference set version {version!r} (expected 1)")
-    raw_templates = _read_section(open_stream, name, "templates") or {}
+    raw_templates = _read_section(open_stream, name, "templates", backend) or {}
     if not isinstance(raw_templates, dict):
         raise ReferenceSetError(f"{name}: 'templates' must be an object")
-    gen = _read_section(open_stream, name, "gen") or []
+    gen = _read_section(open_stream, name, "gen", backend) or []
     if not isinstance(gen, list):
         raise ReferenceSetError(f"{name}: 'gen' must be a list")
     watchdog = _Watchdog()
@@ -384,7 +384,7 @@ def read_v1(open_stream: Opener, name: str, builder: IndexBuilder) -> None:
             try:
                 add = builder.add_value
                 render = templates.render_url
-                for key, value in ijson.kvitems(f, "refs", use_float=True):
+                for key, value in backend.kvitems(f, "refs", use_float=True):
                     add(key, value, render)
             except ijson.JSONError as e:
                 raise _json_error(name, e) from None
