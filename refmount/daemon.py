@@ -70,17 +70,27 @@ def setup_logging(cfg: MountConfig, detached: bool) -> str:
     return target
 
 
+def _is_stale(path: str) -> bool:
+    """A FUSE mount whose daemon is gone. statfs always reaches the daemon, whereas stat
+    may be answered from the kernel's attribute cache long after the daemon died."""
+    try:
+        os.statvfs(path)
+    except OSError as e:
+        return e.errno == errno.ENOTCONN
+    return False
+
+
 def check_mountpoint(path: str) -> None:
+    if _is_stale(path):
+        raise MountError(
+            f"mountpoint {path} is a stale FUSE mount (its daemon died); clear it with "
+            f"'fusermount3 -uz {path}' or mount again with -o recover"
+        )
     try:
         st = os.stat(path)
     except FileNotFoundError:
         raise MountError(f"mountpoint {path} does not exist") from None
     except OSError as e:
-        if e.errno == errno.ENOTCONN:
-            raise MountError(
-                f"mountpoint {path} is a stale FUSE mount (its daemon died); "
-                f"clear it with 'fusermount3 -uz {path}' and mount again"
-            ) from None
         raise MountError(f"mountpoint {path}: {e.strerror}") from None
     if not os.path.isdir(path):
         raise MountError(f"mountpoint {path} is not a directory")
@@ -89,13 +99,9 @@ def check_mountpoint(path: str) -> None:
 
 
 def recover_stale_mount(path: str) -> None:
-    """Clear a mount whose daemon is gone (stat fails with ENOTCONN); leave live ones."""
-    try:
-        os.stat(path)
+    """Clear a mount whose daemon is gone; leave live mounts alone."""
+    if not _is_stale(path):
         return
-    except OSError as e:
-        if e.errno != errno.ENOTCONN:
-            return
     log.warning("clearing stale mount at %s (its daemon died)", path)
     result = subprocess.run(["fusermount3", "-uz", path], capture_output=True, text=True)
     if result.returncode != 0:
