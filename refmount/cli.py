@@ -9,6 +9,8 @@ and we return 0 once it reports that the mount answers.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import os
 import select
@@ -101,8 +103,6 @@ def _tool_parser(command: str) -> argparse.ArgumentParser:
 
 
 def _run_tool(command: str, argv: list[str]) -> int:
-    import json
-
     import fsspec
 
     from . import tools
@@ -154,23 +154,31 @@ def _run(args: argparse.Namespace) -> int:
         return _fail(str(e))
     # Until the daemon takes over, warnings (e.g. skipped keys) go to stderr.
     logging.basicConfig(level=logging.WARNING, format="refmount: %(levelname)s: %(message)s")
+    launcher = None
     try:
         if cfg.recover:
             recover_stale_mount(cfg.mountpoint)
         check_mountpoint(cfg.mountpoint)
+        if not cfg.foreground:
+            launcher = DaemonLauncher(cfg.mountpoint)
         index_file = prepare_index(cfg)
         check_targets(cfg, index_file)
-    except (ReferenceSetError, MountError) as e:
-        return _fail(str(e))
-    except MemoryError:
-        return _fail(f"{cfg.source}: out of memory while indexing the reference set")
+    except BaseException as e:
+        if launcher is not None:
+            launcher.abort()
+        if isinstance(e, ReferenceSetError | MountError):
+            return _fail(str(e))
+        if isinstance(e, MemoryError):
+            return _fail(f"{cfg.source}: out of memory while indexing the reference set")
+        raise
     if cfg.foreground:
         setup_logging(cfg, detached=False)
         try:
             return serve(cfg, index_file, on_ready=lambda: None)
         except MountError as e:
             return _fail(str(e))
-    return _spawn_daemon(cfg, index_file)
+    assert launcher is not None
+    return launcher.hand_over(cfg, index_file)
 
 
 def _fail(message: str) -> int:
@@ -178,43 +186,71 @@ def _fail(message: str) -> int:
     return 1
 
 
-def _spawn_daemon(cfg: MountConfig, index_file: IndexFile) -> int:
-    read_fd, write_fd = os.pipe()
-    payload = {"config": vars(cfg), "index": vars(index_file)}
-    import json
+class DaemonLauncher:
+    """Starts the daemon process *before* the references are parsed, so that its imports
+    (pyarrow, fsspec, aiohttp, trio, pyfuse3: most of a second) overlap the parsing. It
+    waits for its configuration on stdin; closing stdin without one makes it exit."""
 
-    with tempfile.TemporaryFile() as errlog:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "refmount.daemon", "--ready-fd", str(write_fd),
-             cfg.mountpoint],
+    def __init__(self, mountpoint: str) -> None:
+        self._read_fd, write_fd = os.pipe()
+        self._errlog = tempfile.TemporaryFile()  # noqa: SIM115 (closed in _close)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "refmount.daemon", "--ready-fd", str(write_fd), mountpoint],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
-            stderr=errlog,
+            stderr=self._errlog,
             pass_fds=(write_fd,),
             start_new_session=True,
         )
         os.close(write_fd)
-        assert proc.stdin is not None
-        proc.stdin.write(json.dumps(payload).encode())
-        proc.stdin.close()
-        message = _read_ready(read_fd, READY_TIMEOUT)
-        os.close(read_fd)
-        if message == "READY":
-            return 0
-        # The daemon failed: make sure it is gone and left nothing behind.
-        if message is None:
-            proc.terminate()
+
+    def abort(self) -> None:
+        assert self.proc.stdin is not None
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
         try:
-            code = proc.wait(timeout=10)
+            self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
+            self.proc.kill()
+        self._close()
+
+    def _close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._read_fd)
+        self._errlog.close()
+
+    def hand_over(self, cfg: MountConfig, index_file: IndexFile) -> int:
+        """Send the configuration, wait until the mount answers; 0 or a reported failure."""
+        assert self.proc.stdin is not None
+        payload = {"config": vars(cfg), "index": vars(index_file)}
+        try:
+            self.proc.stdin.write(json.dumps(payload).encode())
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it died early; its stderr says why
+        message = _read_ready(self._read_fd, READY_TIMEOUT)
+        try:
+            if message == "READY":
+                return 0
+            return self._failed(message, index_file)
+        finally:
+            self._close()
+
+    def _failed(self, message: str | None, index_file: IndexFile) -> int:
+        # Make sure the daemon is gone and left nothing behind.
+        if message is None:
+            self.proc.terminate()
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
         if index_file.temporary and os.path.exists(index_file.path):
             os.unlink(index_file.path)
         if message and message.startswith("ERROR "):
             return _fail(message[6:])
-        errlog.seek(0)
-        tail = [ln for ln in errlog.read().decode(errors="replace").splitlines() if ln.strip()]
+        self._errlog.seek(0)
+        tail = [ln for ln in self._errlog.read().decode(errors="replace").splitlines() if ln.strip()]
         why = tail[-1] if tail else f"exit status {code}"
         if message is None:
             return _fail(f"the mount did not answer within {READY_TIMEOUT:g} s ({why})")

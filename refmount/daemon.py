@@ -290,7 +290,10 @@ def describe_options(cfg: MountConfig) -> str:
 def _detached_main() -> int:
     """Entry of the detached daemon: config on stdin, readiness on --ready-fd."""
     ready_fd = int(sys.argv[sys.argv.index("--ready-fd") + 1])
-    payload = json.loads(sys.stdin.read())
+    text = sys.stdin.read()
+    if not text:
+        return 0  # the CLI found a problem before handing over: nothing to do
+    payload = json.loads(text)
     cfg = MountConfig(**payload["config"])
     index_file = IndexFile(**payload["index"])
     devnull = os.open(os.devnull, os.O_RDWR)
