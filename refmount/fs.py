@@ -100,13 +100,13 @@ class RefFS(pyfuse3.Operations):
         self._next_fh = 1
 
     # ---- attributes ---------------------------------------------------------------------
-    def _attr(self, node: Node, size: int) -> pyfuse3.EntryAttributes:
+    def _attr(self, ino: int, is_dir: bool, size: int) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
-        a.st_ino = node.ino
+        a.st_ino = ino
         a.generation = 0
         a.entry_timeout = self.timeout
         a.attr_timeout = self.timeout
-        if node.is_dir:
+        if is_dir:
             a.st_mode = self.dir_mode
             a.st_nlink = 1  # unknown number of subdirectories (find then uses d_type)
             a.st_size = 0
@@ -129,7 +129,7 @@ class RefFS(pyfuse3.Operations):
             size = await self.tree.size(node)
             if size < 0:
                 size = await self.reader.size(await self.tree.ref(node))
-        return self._attr(node, size)
+        return self._attr(node.ino, node.is_dir, size)
 
     def _node(self, ino: int) -> Node:
         node = self.tree.node(ino)
@@ -167,15 +167,15 @@ class RefFS(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
         node = self._node(fh)
         # Offsets: 1 and 2 follow "." and ".."; the tree's resume tokens are shifted by 2.
-        if start_id < 1 and not pyfuse3.readdir_reply(token, b".", self._attr(node, 0), 1):
+        if start_id < 1 and not pyfuse3.readdir_reply(token, b".", self._attr(node.ino, True, 0), 1):
             return
         if start_id < 2:
             parent = self.tree.parent(node)
-            if not pyfuse3.readdir_reply(token, b"..", self._attr(parent, 0), 2):
+            if not pyfuse3.readdir_reply(token, b"..", self._attr(parent.ino, True, 0), 2):
                 return
         async with aclosing(self.tree.entries(node, max(start_id - 2, 0))) as entries:
-            async for name, child, next_id, size in entries:
-                if not pyfuse3.readdir_reply(token, name, self._attr(child, size), next_id + 2):
+            async for name, ino, is_dir, next_id, size in entries:
+                if not pyfuse3.readdir_reply(token, name, self._attr(ino, is_dir, size), next_id + 2):
                     break
 
     async def releasedir(self, fh: int) -> None:

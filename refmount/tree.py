@@ -35,7 +35,8 @@ class Node:
     depth: int  # components in the path (root 0)
 
 
-Entry = tuple[bytes, Node, int, int]  # name, node, resume token, size (-1: not yet known)
+# A directory entry: name, inode, is_dir, resume token, size (-1: whole file, not yet measured)
+Entry = tuple[bytes, int, bool, int, int]
 
 
 class KeyTree:
@@ -111,33 +112,47 @@ class KeyTree:
             return Node(self.dir_ino(j, parent.depth + 1), True, j, parent.depth + 1)
         return None
 
-    def children(self, parent: Node, start: int = 0) -> Iterator[tuple[bytes, Node, int]]:
-        """Entries of ``parent`` as (name, node, next_token), resuming after ``start``
-        (0 = from the beginning; tokens are key positions + 1, so they stay valid)."""
+    def children(self, parent: Node, start: int = 0) -> Iterator[Entry]:
+        """Entries of ``parent`` as (name, ino, is_dir, next_token, size), resuming after
+        ``start`` (0 = from the beginning; tokens are key positions + 1, so they stay valid
+        across calls). Keys are sliced in batches: this loop runs once per entry of ``ls``
+        and ``find``, so it avoids per-entry numpy indexing and objects."""
         lo, hi, prefix = self._dir_range(parent)
         idx = self.index
+        koff, kbuf, lengths = idx._koff, idx._kbuf, idx._lengths
         plen = len(prefix)
         depth = parent.depth + 1
         j = max(lo, start - 1) if start else lo
         while j < hi:
-            rest = idx.key(j)[plen:]
-            slash = rest.find(b"/")
-            if slash < 0:
-                yield rest, Node(self.file_ino(j), False, j, depth), j + 2
-                j += 1
-            else:
-                name = rest[:slash]
-                nxt = idx.bisect(prefix + name + b"0", j + 1, hi)
-                yield name, Node(self.dir_ino(j, depth), True, j, depth), nxt + 1
+            end = min(hi, j + 512)
+            base = int(koff[j])
+            blob = kbuf[base : int(koff[end])].tobytes()
+            offs = (koff[j : end + 1] - base).tolist()
+            sizes = lengths[j:end].tolist()
+            for i in range(end - j):
+                name = blob[offs[i] + plen : offs[i + 1]]
+                slash = name.find(b"/")
+                if slash < 0:
+                    pos = j + i
+                    yield name, (pos + 1) << _DEPTH_BITS, False, pos + 2, sizes[i]
+                    continue
+                # A subdirectory: one entry, then skip all keys below it.
+                pos = j + i
+                name = name[:slash]
+                nxt = idx.bisect(prefix + name + b"0", pos + 1, hi)
+                yield name, self.dir_ino(pos, depth), True, nxt + 1, 0
                 j = nxt
+                break
+            else:
+                j = end
 
     # ---- the interface the FUSE layer uses (async: other trees load lazily) ------------
     async def lookup(self, parent: Node, name: bytes) -> Node | None:
         return self.find(parent, name)
 
     async def entries(self, parent: Node, start: int = 0) -> AsyncIterator[Entry]:
-        for name, child, token in self.children(parent, start):
-            yield name, child, token, 0 if child.is_dir else self.index.size(child.index)
+        for entry in self.children(parent, start):
+            yield entry
 
     async def ref(self, node: Node) -> Ref:
         return self.index.ref(node.index)
@@ -292,11 +307,11 @@ class ChunkTree:
         if self._nested(array) and level + 1 < array.ndim:
             for i in range(first, array.dims[level]):
                 q = p * array.dims[level] + i
-                node = Node(_chunk_ino(aid, level + 1, q), True, q, depth)
-                yield str(i).encode(), node, _CHUNK_TOKEN + i + 1, 0
+                yield str(i).encode(), _chunk_ino(aid, level + 1, q), True, _CHUNK_TOKEN + i + 1, 0
             return
-        if self._nested(array) or (array.ndim == 1 and array.separator == "/"):
-            span = array.dims[level] if self._nested(array) else array.dims[0]
+        nested = self._nested(array)
+        if nested or (array.ndim == 1 and array.separator == "/"):
+            span = array.dims[level] if nested else array.dims[0]
             lo, hi = p * span, p * span + span
         else:
             lo, hi = 0, array.count
@@ -306,14 +321,19 @@ class ChunkTree:
             record = await self.records.get(aid, number // rs)
             row0 = number % rs
             stop = min(hi, number - row0 + rs)
-            rows = np.arange(row0, row0 + (stop - number))
-            sizes = np.array([record.size(int(r)) for r in rows]) if record.n else np.full(len(rows), -2)
-            for r, size in zip(rows.tolist(), sizes.tolist(), strict=True):
-                if size == -2:
-                    continue
-                q = number - row0 + r
-                name = array.chunk_name(q).rsplit("/", 1)[-1] if self._nested(array) else array.chunk_name(q)
-                yield name.encode(), self._chunk_node(aid, q), _CHUNK_TOKEN + (q - lo) + 1, size
+            sizes = np.full(stop - number, -2, np.int64)
+            avail = max(min(record.n, row0 + len(sizes)) - row0, 0)
+            sizes[:avail] = record.sizes[row0 : row0 + avail]
+            present = np.flatnonzero(sizes != -2)
+            qs = number + present
+            if nested:  # names are the last coordinate only
+                names = (qs % array.dims[-1]).tolist()
+                labels = [str(v) for v in names]
+            else:
+                coords = [c.tolist() for c in np.unravel_index(qs, array.dims)]
+                labels = [array.separator.join(map(str, t)) for t in zip(*coords, strict=True)]
+            for q, label, size in zip(qs.tolist(), labels, sizes[present].tolist(), strict=True):
+                yield label.encode(), _chunk_ino(aid, 0, q), False, _CHUNK_TOKEN + (q - lo) + 1, size
             number = stop
 
     # ---- references ---------------------------------------------------------------------
