@@ -26,9 +26,15 @@ class IntegerOverflow(ReferenceSetError):
 
 
 def _json_error(name: str, err: Exception) -> ReferenceSetError:
-    msg = " ".join(str(err).split())
-    if "integer overflow" in msg:
+    # yajl's message is "parse error: <what>" + the text around the error + a "^" marker
+    # on further lines: keep the first line and quote the context, on one line.
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    if any("integer overflow" in ln for ln in lines):
         return IntegerOverflow(f"{name}: integer beyond 64 bits")
+    msg = lines[0] if lines else type(err).__name__
+    context = [ln for ln in lines[1:] if "(right here)" not in ln]
+    if context:
+        msg += f" near {context[0][:60]!r}"
     if len(msg) > 160:
         msg = msg[:157] + "..."
     return ReferenceSetError(f"{name}: malformed JSON: {msg}")
