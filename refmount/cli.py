@@ -29,6 +29,7 @@ from .daemon import (
     serve,
     setup_logging,
 )
+from .redact import RedactingFormatter, redact_url
 from .refs import IndexFile, ReferenceSetError, prepare_index
 
 log = logging.getLogger("refmount")
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if argv and argv[0] in SUBCOMMANDS:
-            logging.basicConfig(level=logging.WARNING, format="refmount: %(levelname)s: %(message)s")
+            _stderr_warnings()
             return _run_tool(argv[0], argv[1:])
         args = _parser().parse_args(argv)
         return _run(args)
@@ -153,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _fail(str(e))
     # Until the daemon takes over, warnings (e.g. skipped keys) go to stderr.
-    logging.basicConfig(level=logging.WARNING, format="refmount: %(levelname)s: %(message)s")
+    _stderr_warnings()
     launcher = None
     try:
         if cfg.recover:
@@ -181,8 +182,16 @@ def _run(args: argparse.Namespace) -> int:
     return launcher.hand_over(cfg, index_file)
 
 
+def _stderr_warnings() -> None:
+    """Until a daemon takes over, warnings (skipped keys, stale mounts) go to stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(RedactingFormatter("refmount: %(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+
+
 def _fail(message: str) -> int:
-    print(f"refmount: error: {message}", file=sys.stderr)
+    # Messages name SOURCE or targets, which may carry credentials: never print those.
+    print(f"refmount: error: {redact_url(message)}", file=sys.stderr)
     return 1
 
 

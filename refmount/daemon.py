@@ -25,9 +25,10 @@ import trio
 
 from .cache import DiskCache, MemoryLRU
 from .config import MountConfig
-from .fetch import Fetcher, TargetPolicy, redact_url
+from .fetch import Fetcher, TargetPolicy
 from .fs import RefFS
 from .reader import RefReader
+from .redact import RedactingFormatter, redact_url
 from .refs import IndexFile, KeyIndex
 from .refs.parquet import RecordCache, load_parquet_set
 from .stats import Stats
@@ -55,13 +56,13 @@ def setup_logging(cfg: MountConfig, detached: bool) -> str:
         target = os.path.join(cfg.cache_dir, "log", f"{name}.log")
     if target == "stderr":
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler.setFormatter(RedactingFormatter(LOG_FORMAT))
     elif target == "syslog":
         handler = logging.handlers.SysLogHandler(address="/dev/log")
-        handler.setFormatter(logging.Formatter(f"refmount[{os.getpid()}]: %(levelname)s %(message)s"))
+        handler.setFormatter(RedactingFormatter(f"refmount[{os.getpid()}]: %(levelname)s %(message)s"))
     else:
         handler = logging.FileHandler(target)
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler.setFormatter(RedactingFormatter(LOG_FORMAT))
     root.addHandler(handler)
     root.setLevel(cfg.log_level.upper())
     # Third-party chatter stays at warning unless we debug.

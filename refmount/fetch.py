@@ -24,8 +24,10 @@ from urllib.parse import urlsplit
 import fsspec
 import trio
 from fsspec.core import url_to_fs
+from fsspec.implementations.http import HTTPFileSystem
 from fsspec.spec import AbstractFileSystem
 
+from .redact import redact_url
 from .stats import Stats
 
 log = logging.getLogger(__name__)
@@ -43,27 +45,46 @@ class FetchError(Exception):
     """A fetch failed for good. ``str()`` is safe to log (no credentials)."""
 
     def __init__(self, url: str, reason: str, errno_: int = errno.EIO) -> None:
-        super().__init__(f"{redact_url(url)}: {reason}")
+        # Backend exceptions repeat URLs (with credentials) in their text: redact it all.
+        super().__init__(redact_url(f"{url}: {reason}"))
         self.url = url
         self.reason = reason
         self.errno = errno_
 
 
-_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
-_SECRET_QUERY = re.compile(
-    r"(?i)([?&](?:x-amz-[a-z-]*|sig|signature|token|access_token|key|api_key|"
-    r"x-goog-[a-z-]*|se|sp|sv)=)[^&#\s]*"
-)
-
-
-def redact_url(url: str) -> str:
-    """Drop user:password@ and signature/token query values from a URL before logging."""
-    return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub("***@", url))
-
-
 def describe(exc: BaseException) -> str:
+    """One line for a backend exception, with any URL in it redacted."""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    return f"{type(exc).__name__}: {text[:200]}"
+    return redact_url(f"{type(exc).__name__}: {text[:200]}")
+
+
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+
+
+async def http_range(fs: Any, url: str, start: int, end: int) -> bytes:
+    """GET bytes [start, end) through fsspec's HTTP session, like its ``_cat_file``, but
+    checking what came back: a 206 must carry exactly the Content-Range asked for (a
+    proxy or server bug that shifts the range must never be served, or cached, as data),
+    and a 200 is accepted only when it is the whole object we asked for."""
+    kw = fs.kwargs.copy()
+    headers = kw.pop("headers", {}).copy()
+    headers["Range"] = f"bytes={start}-{end - 1}"
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
+        if r.status == 404:
+            raise FileNotFoundError(url)
+        r.raise_for_status()
+        if r.status == 206:
+            got = _CONTENT_RANGE.fullmatch(r.headers.get("Content-Range", "").strip())
+            if not got or int(got[1]) != start or int(got[2]) != end - 1:
+                raise ShortRead(f"asked for bytes {start}-{end - 1}, server sent Content-Range "
+                                f"{r.headers.get('Content-Range')!r}")
+        elif r.status == 200:
+            if start != 0 or r.content_length not in (None, end):
+                raise FetchError(url, f"server ignores Range requests (200 for bytes {start}-{end - 1})")
+        else:
+            raise ShortRead(f"unexpected HTTP status {r.status} for a range request")
+        return await r.read()
 
 
 async def await_future(fut: concurrent.futures.Future) -> Any:
@@ -85,6 +106,14 @@ async def await_future(fut: concurrent.futures.Future) -> Any:
 
 
 _LOCAL = frozenset({"file", "local"})
+# Protocols that only read bytes from the location their URL names. When local files are
+# confined, nothing else is allowed: "reference" would open targets of its own choosing
+# (a nested reference set naming /etc/shadow), "dir" prefixes paths ("../.." escapes), etc.
+BYTE_STORES = frozenset({
+    "file", "local", "http", "https", "s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl",
+    "hdfs", "webhdfs", "ftp", "sftp", "ssh", "oss", "simplecache", "filecache", "blockcache",
+    "zip", "tar",
+})
 
 
 class TargetPolicy:
@@ -95,6 +124,7 @@ class TargetPolicy:
 
     def __init__(self, local_roots: list[str], base_dir: str | None, remote_protocol: str | None):
         self.local_roots = [os.path.realpath(r) for r in local_roots]
+        self.confined = self.local_roots != ["/"]
         self.base_dir = base_dir  # relative local paths are relative to SOURCE's directory
         self.remote_protocol = remote_protocol
         self._protocols: dict[str, str | None] = {}
@@ -147,6 +177,9 @@ class TargetPolicy:
             reason = self._protocol_problem(protocol)
             if reason:
                 return reason
+            if self.confined and protocol not in BYTE_STORES:
+                return (f"protocol {protocol!r} is not allowed where local files are confined "
+                        f"(allowed: {', '.join(sorted(BYTE_STORES))})")
             if protocol in _LOCAL:
                 local = path.removeprefix("file://")
                 if not os.path.isabs(local):
@@ -260,7 +293,14 @@ class Fetcher:
         want = end - start
 
         async def op() -> bytes:
-            data = await self._call(url, fs, "cat_file", path, start=start, end=end)
+            if isinstance(fs, HTTPFileSystem):
+                reason = self.policy.problem(url, resolve=False)
+                if reason:
+                    raise FetchError(url, reason, errno.EACCES)
+                fut = asyncio.run_coroutine_threadsafe(http_range(fs, path, start, end), fs.loop)
+                data = await await_future(fut)
+            else:
+                data = await self._call(url, fs, "cat_file", path, start=start, end=end)
             if not isinstance(data, bytes | bytearray | memoryview):
                 raise FetchError(url, f"bytes {start}-{end}: backend returned {type(data)}")
             if len(data) != want:

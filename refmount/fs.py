@@ -19,8 +19,9 @@ from typing import Any, TypeVar
 
 import pyfuse3
 
-from .fetch import FetchError, redact_url
+from .fetch import FetchError
 from .reader import ReadState, RefReader
+from .redact import redact_url
 from .refs import Ref, RefKind
 from .stats import Stats
 from .tree import ChunkTree, KeyTree, Node

@@ -47,6 +47,10 @@ class ReadState:
 
 class RefReader:
     MAX_PENDING_WRITES = 64
+    # After a failed fetch the kernel re-reads the same page at once (readahead, then a
+    # synchronous read). Remember the failure briefly so that re-read fails fast instead
+    # of waiting for a second full timeout.
+    FAILURE_MEMORY = 2.0
 
     def __init__(
         self,
@@ -67,6 +71,7 @@ class RefReader:
         self.max_readahead = max_readahead
         self.stats = stats
         self._inflight: dict[Hashable, _Flight] = {}
+        self._failed: dict[Hashable, tuple[float, BaseException]] = {}
         self._sizes: dict[str, int] = {}
         self._disk_threads = trio.CapacityLimiter(8)
         self._background: trio.Nursery | None = None
@@ -201,6 +206,11 @@ class RefReader:
             if not isinstance(flight.error, trio.Cancelled):
                 raise flight.error
             # The leader was cancelled (its reader went away): try again ourselves.
+        failed = self._failed.get(key)
+        if failed is not None:
+            if failed[0] > trio.current_time():
+                raise failed[1]
+            del self._failed[key]
         flight = self._inflight[key] = _Flight()
         try:
             data = await self._from_disk(key)
@@ -215,6 +225,10 @@ class RefReader:
             return data
         except BaseException as e:
             flight.error = e
+            if not isinstance(e, trio.Cancelled):
+                if len(self._failed) > 10_000:
+                    self._failed.clear()
+                self._failed[key] = (trio.current_time() + self.FAILURE_MEMORY, e)
             raise
         finally:
             del self._inflight[key]

@@ -77,6 +77,19 @@ class _Watchdog:
             signal.signal(signal.SIGALRM, old)
 
 
+def _bounded(template: Any, context: dict[str, Any]) -> str:
+    """Render as a stream and stop at MAX_RENDERED characters, so that a loop of large
+    outputs is refused before it takes the memory, not after."""
+    parts: list[str] = []
+    size = 0
+    for chunk in template.generate(context):
+        size += len(chunk)
+        if size > MAX_RENDERED:
+            raise SecurityError(f"rendered text longer than {MAX_RENDERED} characters")
+        parts.append(chunk)
+    return "".join(parts)
+
+
 class TemplateSet:
     """The ``templates`` section: plain strings are variables, strings containing
     ``{{`` become functions called with keyword arguments (``{{f(c='text')}}``)."""
@@ -100,7 +113,7 @@ class TemplateSet:
 
     def _function(self, template: Any, key: str) -> Callable[..., str]:
         def call(**kwargs: Any) -> str:
-            return template.render(kwargs)
+            return _bounded(template, kwargs)
 
         call.__name__ = key
         return call
@@ -114,15 +127,13 @@ class TemplateSet:
     def render(self, template: Any, context: dict[str, Any], where: str) -> str:
         self.watchdog.started = time.monotonic()
         try:
-            out = template.render(context)
+            out = _bounded(template, context)
         except SecurityError as e:
             raise ReferenceSetError(f"{self.name}: {where}: template refused by sandbox: {e}") from None
         except (TemplateError, TimeoutError, ArithmeticError, TypeError, ValueError) as e:
             raise ReferenceSetError(f"{self.name}: {where}: template failed: {e}") from None
         finally:
             self.watchdog.started = None
-        if len(out) > MAX_RENDERED:
-            raise ReferenceSetError(f"{self.name}: {where}: rendered text too long")
         return out
 
     def render_url(self, url: str) -> str:
@@ -251,7 +262,11 @@ class _Plan:
         try:
             return pc.cast(pc.utf8_trim_whitespace(text), pa.int64()).to_numpy()
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            bad = next(s for s in text.to_pylist() if not _is_int(s))
+            bad = next((s for s in text.to_pylist() if not _is_int(s)), None)
+            if bad is None:  # integers, but beyond 64 bits
+                raise ReferenceSetError(
+                    f"{self.templates.name}: {self.where} renders an integer beyond 64 bits"
+                ) from None
             raise ReferenceSetError(
                 f"{self.templates.name}: {self.where} must render an integer, got {bad[:40]!r}"
             ) from None
