@@ -44,12 +44,13 @@ class ShortRead(OSError):
 class FetchError(Exception):
     """A fetch failed for good. ``str()`` is safe to log (no credentials)."""
 
-    def __init__(self, url: str, reason: str, errno_: int = errno.EIO) -> None:
+    def __init__(self, url: str, reason: str, errno_: int = errno.EIO, timed_out: bool = False) -> None:
         # Backend exceptions repeat URLs (with credentials) in their text: redact it all.
         super().__init__(redact_url(f"{url}: {reason}"))
         self.url = url
         self.reason = reason
         self.errno = errno_
+        self.timed_out = timed_out
 
 
 def describe(exc: BaseException) -> str:
@@ -81,7 +82,9 @@ async def http_range(fs: Any, url: str, start: int, end: int) -> bytes:
                                 f"{r.headers.get('Content-Range')!r}")
         elif r.status == 200:
             if start != 0 or r.content_length not in (None, end):
-                raise FetchError(url, f"server ignores Range requests (200 for bytes {start}-{end - 1})")
+                # Retried: a proxy or cache may answer so once; a server that never honours
+                # ranges uses up the retries in well under a second.
+                raise ShortRead(f"server ignored the Range request (200 for bytes {start}-{end - 1})")
         else:
             raise ShortRead(f"unexpected HTTP status {r.status} for a range request")
         return await r.read()
@@ -285,7 +288,7 @@ class Fetcher:
                               describe(e))
                     await trio.sleep(delay)
         assert scope.cancelled_caught
-        raise FetchError(url, f"{what}: timed out after {self.timeout:g} s", errno.EIO)
+        raise FetchError(url, f"{what}: timed out after {self.timeout:g} s", errno.EIO, timed_out=True)
 
     async def cat_range(self, url: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of the target; raises FetchError (never returns short)."""

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Hashable
 import trio
 
 from .cache import DiskCache, MemoryLRU
-from .fetch import Fetcher
+from .fetch import Fetcher, FetchError
 from .refs import Ref, RefKind
 from .stats import Stats
 
@@ -48,9 +48,10 @@ class ReadState:
 class RefReader:
     MAX_PENDING_WRITES = 64
     # After a failed fetch the kernel re-reads the same page at once (readahead, then a
-    # synchronous read). Remember the failure briefly so that re-read fails fast instead
-    # of waiting for a second full timeout.
-    FAILURE_MEMORY = 2.0
+    # synchronous read). A timed-out fetch is remembered briefly so that the re-read fails
+    # at once instead of waiting a second full timeout; other failures are cheap to retry
+    # and are not remembered (a target that recovers is read again right away).
+    TIMEOUT_MEMORY = 2.0
 
     def __init__(
         self,
@@ -127,9 +128,14 @@ class RefReader:
         if state is not None:
             self._readahead(url, base, total, off, end, state)
 
+        errors: list[Exception] = []
+
         async def get(b: int) -> None:
             key, fetch = self._block(url, base, total, b)
-            parts[b] = await self._shared(key, fetch)
+            try:
+                parts[b] = await self._shared(key, fetch)
+            except Exception as e:  # reported below as itself, not as an ExceptionGroup
+                errors.append(e)
 
         if first == last:
             await get(first)
@@ -137,6 +143,8 @@ class RefReader:
             async with trio.open_nursery() as nursery:
                 for b in range(first, last + 1):
                     nursery.start_soon(get, b)
+        if errors:
+            raise errors[0]
         data = b"".join(parts[b] for b in range(first, last + 1))
         skip = off - first * bs
         return data[skip : skip + (end - off)]
@@ -225,10 +233,10 @@ class RefReader:
             return data
         except BaseException as e:
             flight.error = e
-            if not isinstance(e, trio.Cancelled):
+            if isinstance(e, FetchError) and e.timed_out:
                 if len(self._failed) > 10_000:
                     self._failed.clear()
-                self._failed[key] = (trio.current_time() + self.FAILURE_MEMORY, e)
+                self._failed[key] = (trio.current_time() + self.TIMEOUT_MEMORY, e)
             raise
         finally:
             del self._inflight[key]
