@@ -7,12 +7,15 @@ writes the index file and returns its path; the daemon then only memory-maps it.
 from __future__ import annotations
 
 import logging
+import lzma
 import os
 import tempfile
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import ijson
+import zstandard
 
 from ..config import MountConfig
 from .index import INDEX_FORMAT, IndexBuilder, KeyIndex, summary_metadata, write_index
@@ -48,11 +51,18 @@ def build_index(source: str, target_options: dict, bad_keys: str = "error") -> I
         return open_source(source, target_options)
 
     try:
-        return _build(opener, source, bad_keys, ijson)
-    except IntegerOverflow:
-        log.warning("%s has integers beyond 64 bits: parsing again with the slower Python parser",
-                    source)
-        return _build(opener, source, bad_keys, ijson.get_backend("python"))
+        try:
+            return _build(opener, source, bad_keys, ijson)
+        except IntegerOverflow:
+            log.warning("%s has integers beyond 64 bits: parsing again with the slower Python "
+                        "parser", source)
+            return _build(opener, source, bad_keys, ijson.get_backend("python"))
+    except ReferenceSetError:
+        raise
+    except (OSError, EOFError, ValueError, zstandard.ZstdError, lzma.LZMAError, zlib.error) as e:
+        # Corrupt compressed data (BadGzipFile, ZstdError...) or a read that failed midway.
+        what = " ".join(str(e).split())[:120] or type(e).__name__
+        raise ReferenceSetError(f"{source}: cannot read ({type(e).__name__}: {what})") from None
 
 
 def _build(opener: Opener, source: str, bad_keys: str, backend: Any) -> IndexBuilder:

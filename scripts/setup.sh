@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Idempotent set-up of a fresh Debian 12 machine for refmount:
+#   - system packages (FUSE 3, build deps for pyfuse3, test tools) via apt,
+#     only when some are missing;
+#   - a virtualenv at .venv;
+#   - `pip install -e '.[test]'`, skipped when pyproject.toml is unchanged since the last run.
+#
+# Usage: scripts/setup.sh [--bench]
+#   --bench  also install what scripts/bench_scale.py needs for its fsspec FUSE peer
+#            (Debian libfuse2 + PyPI fusepy, used by fsspec.fuse).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+BENCH=0
+for arg in "$@"; do
+    case "$arg" in
+        --bench) BENCH=1 ;;
+        -h | --help)
+            sed -n '2,10p' "$0"
+            exit 0
+            ;;
+        *)
+            echo "setup: unknown argument: $arg" >&2
+            exit 2
+            ;;
+    esac
+done
+
+say() { printf 'setup: %s\n' "$*"; }
+
+SUDO=()
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO=(sudo)
+fi
+
+# fuse3/libfuse3-dev/pkg-config/gcc/python3-dev: pyfuse3 is an sdist built against libfuse3.
+# python3-venv: `python3 -m venv` on Debian's python3.
+# netcdf-bin (ncdump), nginx-light (HTTP range server), attr, curl, psmisc: demo and tests.
+PKGS=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv
+    netcdf-bin nginx-light attr curl psmisc)
+if [ "$BENCH" -eq 1 ]; then
+    PKGS+=(libfuse2)
+fi
+
+missing=()
+for p in "${PKGS[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$p")
+    fi
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    say "apt: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    "${SUDO[@]}" apt-get update -q
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+else
+    say "apt: all ${#PKGS[@]} packages present"
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    say "creating .venv with $(command -v python3) ($(python3 --version 2>&1))"
+    python3 -m venv .venv
+else
+    say ".venv present ($(.venv/bin/python --version 2>&1))"
+fi
+
+STAMP=.venv/.refmount-setup-stamp
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) test"
+have=""
+if [ -f "$STAMP" ]; then
+    have="$(cat "$STAMP")"
+fi
+# (the installed distribution is checked, not `import refmount`: that also reads the tree)
+if [ "$want" = "$have" ] && [ -x .venv/bin/refmount ] &&
+    .venv/bin/python -c 'import importlib.metadata as m; m.distribution("refmount")' 2>/dev/null; then
+    say "python packages up to date (pyproject.toml unchanged)"
+else
+    say "pip install -e '.[test]'"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+    printf '%s\n' "$want" >"$STAMP"
+fi
+
+if [ "$BENCH" -eq 1 ]; then
+    if .venv/bin/python -c 'import fuse' 2>/dev/null; then
+        say "fusepy present"
+    else
+        say "pip install fusepy (fsspec FUSE peer for the benchmark)"
+        .venv/bin/python -m pip install -q --disable-pip-version-check fusepy
+    fi
+fi
+
+say "done"

@@ -1,0 +1,190 @@
+"""A real HTTP server for the tests: Debian's nginx with a configuration of its own.
+
+nginx's static module answers ``Range`` requests (206 Partial Content) by default, which is what
+fsspec's HTTP filesystem needs for byte-range references. The server listens on 127.0.0.1 only,
+keeps its pid file, logs and temp directories in a private directory, runs in the foreground as
+our child (``-g 'daemon off;'``) and is stopped by its own PID.
+
+The access log records the ``X-Refmount-Test`` request header and the ``Range`` header, so tests
+can check that options such as ``remote_options`` reach the HTTP requests.
+
+Standalone use (for a quick manual check)::
+
+    python tests/servers.py DIR        # serves DIR until Ctrl-C
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+NGINX = "/usr/sbin/nginx"
+
+_CONF = """\
+{user_line}
+worker_processes 1;
+pid {run}/nginx.pid;
+error_log {run}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+    types {{
+        application/json json;
+        application/octet-stream bin nc gz zst;
+        text/plain txt;
+    }}
+    default_type application/octet-stream;
+    log_format refmount '$remote_addr "$request" $status $body_bytes_sent '
+                        'range="$http_range" x_refmount_test="$http_x_refmount_test"';
+    access_log {run}/access.log refmount;
+    client_body_temp_path {run}/client_body;
+    proxy_temp_path {run}/proxy;
+    fastcgi_temp_path {run}/fastcgi;
+    uwsgi_temp_path {run}/uwsgi;
+    scgi_temp_path {run}/scgi;
+    sendfile on;
+    keepalive_timeout 30;
+    server {{
+        listen 127.0.0.1:{port};
+        server_name localhost;
+        root {root};
+        location / {{
+            autoindex off;
+        }}
+    }}
+}}
+"""
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _port_answers(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+        return True
+    return False
+
+
+class NginxServer:
+    """nginx serving ``root`` (read-only, with Range support) on 127.0.0.1:``port``."""
+
+    def __init__(self, root: str | os.PathLike, run_dir: str | os.PathLike | None = None):
+        self.root = Path(root).resolve()
+        self._own_run_dir = run_dir is None
+        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="refmount-nginx-"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.port: int | None = None
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.port is not None, "server not started"
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def access_log(self) -> Path:
+        return self.run_dir / "access.log"
+
+    @property
+    def error_log(self) -> Path:
+        return self.run_dir / "error.log"
+
+    def _write_conf(self, port: int) -> Path:
+        user_line = ""
+        if os.geteuid() == 0:
+            # Without this, nginx started as root runs its worker as "nobody", which cannot
+            # read pytest's 0700 temporary directories.
+            user = pwd.getpwuid(os.geteuid()).pw_name
+            group = grp.getgrgid(os.getegid()).gr_name
+            user_line = f"user {user} {group};"
+        conf = self.run_dir / "nginx.conf"
+        conf.write_text(
+            _CONF.format(user_line=user_line, run=self.run_dir, port=port, root=self.root)
+        )
+        return conf
+
+    def start(self, timeout: float = 10.0) -> NginxServer:
+        last_err = ""
+        for _attempt in range(5):
+            port = free_port()
+            conf = self._write_conf(port)
+            stderr = open(self.run_dir / "nginx.stderr", "ab")  # noqa: SIM115
+            try:
+                self.proc = subprocess.Popen(
+                    [NGINX, "-c", str(conf), "-p", str(self.run_dir),
+                     "-e", str(self.error_log), "-g", "daemon off;"],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                )
+            finally:
+                stderr.close()
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    break
+                if _port_answers(port):
+                    self.port = port
+                    return self
+                time.sleep(0.05)
+            # Failed (most likely the port was taken meanwhile): clean up and retry.
+            self._stop_proc()
+            last_err = (self.run_dir / "nginx.stderr").read_text(errors="replace")
+            if self.error_log.exists():
+                last_err += self.error_log.read_text(errors="replace")
+        raise RuntimeError(f"nginx did not start: {last_err[-2000:]}")
+
+    def _stop_proc(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        # SIGQUIT: graceful shutdown of the master and its worker.
+        proc.send_signal(signal.SIGQUIT)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+    def stop(self) -> None:
+        self._stop_proc()
+        self.port = None
+
+    def access_lines(self) -> list[str]:
+        if not self.access_log.exists():
+            return []
+        return self.access_log.read_text(errors="replace").splitlines()
+
+    def __enter__(self) -> NginxServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _main(argv: list[str]) -> int:
+    root = argv[1] if len(argv) > 1 else "."
+    with NginxServer(root) as srv:
+        print(f"serving {srv.root} at {srv.url} (logs in {srv.run_dir}); Ctrl-C to stop")
+        with contextlib.suppress(KeyboardInterrupt):
+            while srv.proc is not None and srv.proc.poll() is None:
+                time.sleep(0.5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv))
