@@ -21,14 +21,8 @@ import time
 
 from . import __version__
 from .config import OPTION_HELP, ConfigError, MountConfig, apply_options, split_options
-from .daemon import (
-    MountError,
-    check_mountpoint,
-    check_targets,
-    recover_stale_mount,
-    serve,
-    setup_logging,
-)
+from .mountpoint import MountError, check_mountpoint, recover_stale_mount
+from .policy import TargetRefused, check_targets
 from .redact import RedactingFormatter, redact_url
 from .refs import IndexFile, ReferenceSetError, prepare_index
 
@@ -167,12 +161,14 @@ def _run(args: argparse.Namespace) -> int:
     except BaseException as e:
         if launcher is not None:
             launcher.abort()
-        if isinstance(e, ReferenceSetError | MountError):
+        if isinstance(e, ReferenceSetError | MountError | TargetRefused):
             return _fail(str(e))
         if isinstance(e, MemoryError):
             return _fail(f"{cfg.source}: out of memory while indexing the reference set")
         raise
     if cfg.foreground:
+        from .daemon import serve, setup_logging  # the daemon's imports, only when serving here
+
         setup_logging(cfg, detached=False)
         try:
             return serve(cfg, index_file, on_ready=lambda: None)

@@ -7,14 +7,13 @@ argv, to keep secrets out of ``ps``) and reports readiness on an inherited pipe.
 
 from __future__ import annotations
 
-import errno
+import ctypes
 import json
 import logging
 import logging.handlers
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -25,8 +24,10 @@ import trio
 
 from .cache import DiskCache, MemoryLRU
 from .config import MountConfig
-from .fetch import Fetcher, TargetPolicy
+from .fetch import Fetcher
 from .fs import RefFS
+from .mountpoint import MountError, check_mountpoint
+from .policy import target_policy
 from .reader import RefReader
 from .redact import RedactingFormatter, redact_url
 from .refs import IndexFile, KeyIndex
@@ -37,10 +38,6 @@ from .tree import ChunkTree, KeyTree
 log = logging.getLogger("refmount")
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-class MountError(RuntimeError):
-    """Mounting failed; the message is for the user."""
 
 
 def setup_logging(cfg: MountConfig, detached: bool) -> str:
@@ -71,45 +68,6 @@ def setup_logging(cfg: MountConfig, detached: bool) -> str:
     return target
 
 
-def _is_stale(path: str) -> bool:
-    """A FUSE mount whose daemon is gone. statfs always reaches the daemon, whereas stat
-    may be answered from the kernel's attribute cache long after the daemon died."""
-    try:
-        os.statvfs(path)
-    except OSError as e:
-        return e.errno == errno.ENOTCONN
-    return False
-
-
-def check_mountpoint(path: str) -> None:
-    if _is_stale(path):
-        raise MountError(
-            f"mountpoint {path} is a stale FUSE mount (its daemon died); clear it with "
-            f"'fusermount3 -uz {path}' or mount again with -o recover"
-        )
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise MountError(f"mountpoint {path} does not exist") from None
-    except OSError as e:
-        raise MountError(f"mountpoint {path}: {e.strerror}") from None
-    if not os.path.isdir(path):
-        raise MountError(f"mountpoint {path} is not a directory")
-    if os.path.ismount(path) and st.st_dev != os.stat(os.path.dirname(path) or "/").st_dev:
-        raise MountError(f"mountpoint {path} is already mounted (unmount it first)")
-
-
-def recover_stale_mount(path: str) -> None:
-    """Clear a mount whose daemon is gone; leave live mounts alone."""
-    if not _is_stale(path):
-        return
-    log.warning("clearing stale mount at %s (its daemon died)", path)
-    result = subprocess.run(["fusermount3", "-uz", path], capture_output=True, text=True)
-    if result.returncode != 0:
-        msg = (result.stderr or result.stdout).strip().splitlines()
-        raise MountError(f"cannot clear stale mount at {path}: {msg[-1] if msg else result.returncode}")
-
-
 def fuse_options(cfg: MountConfig) -> set[str]:
     fsname = redact_url(cfg.fsname or cfg.source)
     fsname = "".join("_" if c in ",\\ \t\n" else c for c in fsname)[:200]
@@ -137,28 +95,6 @@ def sd_notify(message: str) -> None:
             s.sendall(message.encode())
     except OSError as e:
         log.warning("cannot notify systemd at %s: %s", addr, e.strerror)
-
-
-def target_policy(cfg: MountConfig) -> TargetPolicy:
-    local_source = "://" not in cfg.source and "::" not in cfg.source
-    base = os.path.dirname(os.path.realpath(cfg.source)) if local_source else None
-    return TargetPolicy(cfg.local_roots(), base, cfg.remote_protocol)
-
-
-def check_targets(cfg: MountConfig, index_file: IndexFile) -> None:
-    """Refuse the mount if any distinct target URL is not allowed (JSON sets; Parquet
-    record files are read lazily, so their targets are checked at read time)."""
-    if index_file.kind != "json":
-        return
-    index = KeyIndex.open(index_file.path)
-    if not index.n:
-        return
-    policy = target_policy(cfg)
-    for url in index.urls():
-        reason = policy.problem(url, resolve=True)
-        if reason:
-            key = index.key(index.first_with_url(url)).decode(errors="replace")
-            raise MountError(f"key {key!r}: {redact_url(url)}: {reason}")
 
 
 def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
@@ -212,8 +148,22 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
     )
 
 
+def tune_malloc() -> None:
+    """The daemon allocates many short-lived buffers of 64 KiB - 32 MiB in several threads
+    (fsspec's IO loop, trio workers, the FUSE loop). With glibc's defaults they fragment
+    per-thread arenas and RSS creeps up by hundreds of MiB under a long load (measured with
+    scripts/soak.py); serving large blocks from mmap and capping arenas keeps it flat."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-8, 2)  # M_ARENA_MAX
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD: fixed, so large blocks go back to the OS
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to tune
+
+
 def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None]) -> int:
     """Mount and serve until unmounted or signalled. Raises MountError before mounting."""
+    tune_malloc()
     check_mountpoint(cfg.mountpoint)
     ops = build_filesystem(cfg, index_file)
     try:

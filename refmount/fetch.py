@@ -14,7 +14,6 @@ import concurrent.futures
 import contextlib
 import errno
 import logging
-import os
 import random
 import re
 from collections.abc import Awaitable, Callable
@@ -27,6 +26,7 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.http import HTTPFileSystem
 from fsspec.spec import AbstractFileSystem
 
+from .policy import TargetPolicy
 from .redact import redact_url
 from .stats import Stats
 
@@ -106,94 +106,6 @@ async def await_future(fut: concurrent.futures.Future) -> Any:
         fut.cancel()
         raise
     return fut.result()
-
-
-_LOCAL = frozenset({"file", "local"})
-# Protocols that only read bytes from the location their URL names. When local files are
-# confined, nothing else is allowed: "reference" would open targets of its own choosing
-# (a nested reference set naming /etc/shadow), "dir" prefixes paths ("../.." escapes), etc.
-BYTE_STORES = frozenset({
-    "file", "local", "http", "https", "s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl",
-    "hdfs", "webhdfs", "ftp", "sftp", "ssh", "oss", "simplecache", "filecache", "blockcache",
-    "zip", "tar",
-})
-
-
-class TargetPolicy:
-    """Which targets a mount may read. Reference sets are untrusted, and a daemon serving
-    other users (allow_other, or root) must not become a way to read ``/etc/shadow``:
-    protocols must be known to fsspec, and local files must lie under ``local_roots``
-    after symlinks are resolved."""
-
-    def __init__(self, local_roots: list[str], base_dir: str | None, remote_protocol: str | None):
-        self.local_roots = [os.path.realpath(r) for r in local_roots]
-        self.confined = self.local_roots != ["/"]
-        self.base_dir = base_dir  # relative local paths are relative to SOURCE's directory
-        self.remote_protocol = remote_protocol
-        self._protocols: dict[str, str | None] = {}
-
-    def full_url(self, url: str) -> str:
-        if "://" in url or "::" in url:
-            return url
-        if self.remote_protocol and self.remote_protocol not in _LOCAL:
-            return f"{self.remote_protocol}://{url}"
-        if not os.path.isabs(url):
-            if self.base_dir is None:
-                return url  # refused by check(): no directory to be relative to
-            url = os.path.join(self.base_dir, url)
-        return url
-
-    def _chain(self, url: str) -> list[tuple[str, str]]:
-        """(protocol, path) of each link of a (possibly chained) URL."""
-        try:
-            links = fsspec.core._un_chain(url, {})
-        except Exception as e:
-            raise FetchError(url, f"cannot parse URL ({describe(e)})", errno.EINVAL) from None
-        out = []
-        for path, protocol, _ in links:
-            proto = protocol[0] if isinstance(protocol, tuple | list) else protocol
-            out.append((proto or "file", path))
-        return out
-
-    def _protocol_problem(self, protocol: str) -> str | None:
-        if protocol not in self._protocols:
-            try:
-                fsspec.get_filesystem_class(protocol)
-                self._protocols[protocol] = None
-            except ImportError as e:
-                self._protocols[protocol] = f"protocol {protocol!r} needs a missing package ({e})"
-            except ValueError:
-                self._protocols[protocol] = f"unknown URL protocol {protocol!r}"
-        return self._protocols[protocol]
-
-    def problem(self, url: str, *, resolve: bool) -> str | None:
-        """Why ``url`` may not be read (None if it may). ``resolve`` follows symlinks of
-        local paths (file system I/O: call it from a worker thread)."""
-        full = self.full_url(url)
-        try:
-            chain = self._chain(full)
-        except FetchError as e:
-            if "Protocol not known" in e.reason:
-                return f"unknown URL protocol in {redact_url(full)!r}"
-            return e.reason
-        for protocol, path in chain:
-            reason = self._protocol_problem(protocol)
-            if reason:
-                return reason
-            if self.confined and protocol not in BYTE_STORES:
-                return (f"protocol {protocol!r} is not allowed where local files are confined "
-                        f"(allowed: {', '.join(sorted(BYTE_STORES))})")
-            if protocol in _LOCAL:
-                local = path.removeprefix("file://")
-                if not os.path.isabs(local):
-                    return "relative local path, and SOURCE is not a local file to be relative to"
-                real = os.path.realpath(local) if resolve else os.path.normpath(local)
-                if not any(real == r or real.startswith(r.rstrip("/") + "/") for r in self.local_roots):
-                    roots = ":".join(self.local_roots) or "none"
-                    where = local if real == os.path.normpath(local) else f"{local} (-> {real})"
-                    return (f"local file {where} is outside the allowed directories ({roots}); "
-                            "allow it with -o allow_local=DIR")
-        return None
 
 
 class Fetcher:
