@@ -7,7 +7,6 @@ import hashlib
 import logging
 import os
 import struct
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -68,6 +67,7 @@ class DiskCache:
     MAGIC = b"RMBLK\x00\x01\x00"
     HEADER = struct.Struct("<8sQ16s32s")  # magic, length, xxh3-128(data), sha256(key)
     RETRY_WRITES_AFTER = 60.0
+    TOUCH_AFTER = 600.0  # refresh a hit's mtime (its LRU recency) at most every 10 minutes
 
     def __init__(self, directory: str, capacity: int) -> None:
         self.root = os.path.join(directory, "blocks")
@@ -76,6 +76,7 @@ class DiskCache:
         self._estimate: int | None = None  # bytes on disk, as far as we know
         self._evicting = False
         self._writes_off_until = 0.0
+        self._dirs_ready = False
         self.corrupt = 0
         self.write_errors = 0
 
@@ -92,14 +93,21 @@ class DiskCache:
         path = self._path(digest)
         hdr = self.HEADER
         try:
-            with open(path, "rb", buffering=0) as f:
-                head = f.read(hdr.size)
-                data = f.read()  # straight into one bytes object: no copy after
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
         except OSError as e:
             log.warning("disk cache: cannot read %s: %s", path, e.strerror)
             return None
+        try:
+            st = os.fstat(fd)
+            head = os.read(fd, hdr.size)
+            data = os.read(fd, max(st.st_size - hdr.size, 0))  # one bytes object, no copy after
+        except OSError as e:
+            log.warning("disk cache: cannot read %s: %s", path, e.strerror)
+            return None
+        finally:
+            os.close(fd)
         if len(head) == hdr.size:
             magic, n, checksum, key = hdr.unpack(head)
             if (
@@ -108,8 +116,9 @@ class DiskCache:
                 and n == length == len(data)
                 and xxhash.xxh3_128_digest(data) == checksum
             ):
-                with contextlib.suppress(OSError):
-                    os.utime(path)  # recency for LRU eviction, shared across mounts
+                if time.time() - st.st_mtime > self.TOUCH_AFTER:
+                    with contextlib.suppress(OSError):
+                        os.utime(path)  # recency for LRU eviction, shared across mounts
                 return data
         self.corrupt += 1
         log.warning("disk cache: dropping corrupt block %s (%s bytes %d+%d)", path, url, start, length)
@@ -124,15 +133,20 @@ class DiskCache:
         digest = self.key_digest(url, start, len(data))
         path = self._path(digest)
         header = self.HEADER.pack(self.MAGIC, len(data), xxhash.xxh3_128_digest(data), digest)
-        tmp = None
+        # Unique per process and thread; the same block is never written twice at once
+        # within a mount (single-flight), and rename makes the last writer win atomically.
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-            with os.fdopen(fd, "wb") as f:
-                f.write(header)
-                f.write(data)
+            if not self._dirs_ready:
+                for i in range(256):
+                    os.makedirs(os.path.join(self.root, f"{i:02x}"), exist_ok=True)
+                self._dirs_ready = True
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.writev(fd, [header, data])
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
-            tmp = None
         except OSError as e:
             self.write_errors += 1
             self._writes_off_until = now + self.RETRY_WRITES_AFTER
@@ -140,11 +154,9 @@ class DiskCache:
                 "disk cache: cannot write to %s (%s); caching in memory only for %d s",
                 self.root, e.strerror, self.RETRY_WRITES_AFTER,
             )
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
             return
-        finally:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
         with self._lock:
             if self._estimate is None:
                 self._estimate = self._scan_total()
@@ -170,6 +182,8 @@ class DiskCache:
                 continue
             with contextlib.suppress(OSError):
                 for entry in os.scandir(sub.path):
+                    if entry.name.endswith(".tmp"):
+                        continue  # being written (or left by a crash: overwritten next time)
                     with contextlib.suppress(OSError):
                         st = entry.stat(follow_symlinks=False)
                         out.append((st.st_mtime, st.st_size, entry.path))
