@@ -174,9 +174,21 @@ class RefFS(pyfuse3.Operations):
             parent = self.tree.parent(node)
             if not pyfuse3.readdir_reply(token, b"..", self._attr(parent.ino, True, 0), 2):
                 return
+        # readdir_reply copies the attributes into the reply, so one object per kind is
+        # reused and only the per-entry fields change: this loop runs for every entry.
+        file_attr, dir_attr = self._attr(0, False, 0), self._attr(0, True, 0)
         async with aclosing(self.tree.entries(node, max(start_id - 2, 0))) as entries:
             async for name, ino, is_dir, next_id, size in entries:
-                if not pyfuse3.readdir_reply(token, name, self._attr(ino, is_dir, size), next_id + 2):
+                if is_dir:
+                    attr = dir_attr
+                elif size >= 0:
+                    attr = file_attr
+                    attr.st_size = size
+                    attr.st_blocks = (size + 511) // 512
+                else:
+                    attr = self._attr(ino, False, size)  # size unknown: uncached attributes
+                attr.st_ino = ino
+                if not pyfuse3.readdir_reply(token, name, attr, next_id + 2):
                     break
 
     async def releasedir(self, fh: int) -> None:
