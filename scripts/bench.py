@@ -75,6 +75,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_lib as bl
 
+from refmount.config import parse_size
+
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 MiB, GiB = bl.MiB, bl.GiB
@@ -151,6 +153,7 @@ class Attempt:
     extra: list[str] = field(default_factory=list)
     others: float = 0.0  # cores used on average by other processes while it ran
     others_top: str = ""
+    missed: float = 0.0  # warm passes: share of the bytes the daemon had to serve (page cache misses)
 
 
 def fmt_value(v: float) -> str:
@@ -462,19 +465,42 @@ class Bench:
                 self.n_busy += 1
                 return f"machine NOT quiet ({load:.2f} cores busy before the pass)"
 
+    def rewarm_server(self) -> str:
+        """Make sure the served file is all in the page cache (this VM may page idle cache out)."""
+        frac = bl.resident_fraction(self.data)
+        if frac is None or frac >= 0.999:
+            return ""
+        t = bl.warm_file(self.data)
+        return f"served file was {100 * frac:.0f}% in the page cache, re-read in {t:.1f} s before the pass"
+
     def attempt(self, runner: Callable[[], list[dict[str, Any]]], mount: Mount | None = None,
                 profile: Callable[[], contextlib.AbstractContextManager[dict[str, Any]]] | None = None,
-                ) -> Attempt:
+                quiet: str | None = None) -> Attempt:
         """Run a measuring runner once, with the server side's CPU, the mount's counters and the
-        CPU other processes on the machine used meanwhile (``profile``: py-spy around the run)."""
+        CPU other processes on the machine used meanwhile (``profile``: py-spy around the run).
+        ``quiet``: the note of a wait for a quiet machine already done (None: wait now)."""
         assert self.nginx is not None
         extra = []
-        quiet = self.wait_quiet()
+        if quiet is None:
+            quiet = self.wait_quiet()
         if quiet:
             extra.append(quiet)
+        rewarm = self.rewarm_server()
+        if rewarm:
+            extra.append(rewarm)
         with (profile or (lambda: contextlib.nullcontext({})))() as box:
             att = self._attempt(runner, mount, extra)
             box["res"] = att.res[0] if att.res else None
+        return att
+
+    def warm_attempt(self, runner: Callable[[], list[dict[str, Any]]], mount: Mount) -> Attempt:
+        """A warm pass: no wait for a quiet machine first; for refmount, note how much of it missed
+        the kernel page cache (the VM may have paged it out: then it is redone)."""
+        s0 = mount.stats()
+        att = self.attempt(runner, mount, quiet="")
+        s1 = mount.stats()
+        if s0 and s1 and att.res and att.res[0]["bytes"]:
+            att.missed = (s1.get("bytes_read", 0) - s0.get("bytes_read", 0)) / att.res[0]["bytes"]
         return att
 
     def _attempt(self, runner: Callable[[], list[dict[str, Any]]], mount: Mount | None,
@@ -520,7 +546,14 @@ class Bench:
         return Attempt(results, failure, extra, others / window, top_text)
 
     def disturbed(self, a: Attempt) -> bool:
-        return bool(a.res) and a.others > self.args.disturbed_load
+        return bool(a.res) and (a.others > self.args.disturbed_load or a.missed > 0.1)
+
+    @staticmethod
+    def why(a: Attempt) -> str:
+        if a.missed > 0.1:
+            return (f"{100 * a.missed:.0f}% of the bytes missed the page cache (paged out by the VM?)"
+                    + (f", other processes used {a.others:.2f} cores" if a.others > 0.05 else ""))
+        return f"other processes used {a.others:.2f} cores on average ({a.others_top})"
 
     def retry_loop(self, make: Callable[[int], Attempt]) -> list[Attempt]:
         """Attempts until one is not disturbed by other processes (at most 1 + --retries).
@@ -532,11 +565,9 @@ class Bench:
             if a.failure or not self.disturbed(a):
                 break
             self.n_disturbed += 1
-            self.log(f"    disturbed: other processes used {a.others:.2f} cores on average "
-                     f"({a.others_top}); attempt {i + 2} of {1 + self.args.retries}"
-                     if i < self.args.retries else
-                     f"    disturbed: other processes used {a.others:.2f} cores ({a.others_top}); "
-                     "no attempts left")
+            self.log(f"    disturbed: {self.why(a)}; "
+                     + (f"attempt {i + 2} of {1 + self.args.retries}" if i < self.args.retries
+                        else "no attempts left"))
         return atts
 
     def record(self, rids: list[str], peer: str, atts: list[Attempt]) -> None:
@@ -549,15 +580,18 @@ class Bench:
         if clean:
             chosen, mark = clean[0], ""
         elif ok:
-            chosen, mark = max(ok, key=lambda a: rate(a.res[0], units[0])), "†"
+            chosen = max(ok, key=lambda a: rate(a.res[0], units[0]))
+            mark = "‡" if chosen.missed > 0.1 else "†"
         else:
             chosen, mark = atts[-1], ""
         notes = list(chosen.extra)
         notes.append(f"other processes {chosen.others:.2f} cores"
                      + (f" ({chosen.others_top})" if chosen.others_top else ""))
+        if chosen.missed > 0.01:
+            notes.append(f"{100 * chosen.missed:.0f}% of the bytes missed the page cache")
         if len(atts) > 1:
             notes.append(f"attempt {atts.index(chosen) + 1} of {len(atts)}; others: " + ", ".join(
-                (f"{fmt_value(rate(a.res[0], units[0]))} {units[0]} with {a.others:.2f} cores of others"
+                (f"{fmt_value(rate(a.res[0], units[0]))} {units[0]} ({self.why(a)})"
                  if a.res else a.failure) for a in atts if a is not chosen))
         extra = "; ".join(notes)
         for i, rid in enumerate(rids):
@@ -573,9 +607,10 @@ class Bench:
             return
 
         def make(_: int) -> Attempt:
+            quiet = self.wait_quiet()
             if cold:
                 self.prepare_cold()
-            return self.attempt(runner)
+            return self.attempt(runner, quiet=quiet)
 
         self.record([rid], peer, self.retry_loop(make))
 
@@ -586,8 +621,9 @@ class Bench:
         spec = dict(spec, passes=len(rids))
 
         def make(_: int) -> Attempt:
+            quiet = self.wait_quiet()
             self.prepare_cold()
-            return self.attempt(lambda: self.run_child(kind, spec, self.timeout * len(rids)))
+            return self.attempt(lambda: self.run_child(kind, spec, self.timeout * len(rids)), quiet=quiet)
 
         self.record(rids, peer, self.retry_loop(make))
 
@@ -683,6 +719,7 @@ class Bench:
             if cache_dir is not None and not remount:
                 shutil.rmtree(cache_dir, ignore_errors=True)
                 cache_dir.mkdir(parents=True)
+            quiet = self.wait_quiet()
             self.prepare_cold()
             try:
                 m = self.mount(peer, cache_dir, tag + ("-remount" if remount else ""))
@@ -690,7 +727,7 @@ class Bench:
                 return Attempt([], str(e))
             cur.append(m)
             spy = (lambda: self.profiled(profile, m, ptag)) if profile else None
-            return self.attempt(runner(m.mnt), m, spy)
+            return self.attempt(runner(m.mnt), m, spy, quiet=quiet)
 
         try:
             self.record([cold], peer, self.retry_loop(lambda _: fresh(False, f"{tag}-cold")))
@@ -701,7 +738,9 @@ class Bench:
                 return
             m = cur[0]
             if warm and self.row(warm) is not None:
-                self.record([warm], peer, self.retry_loop(lambda _: self.attempt(runner(m.mnt), m)))
+                # No wait for a quiet machine before a warm pass: this VM pages idle page cache
+                # out after a few seconds (DAMON), which would turn "warm" into "disk cache".
+                self.record([warm], peer, self.retry_loop(lambda _: self.warm_attempt(runner(m.mnt), m)))
             if verify is not None:
                 verify(m.mnt)
             drop_mount()
@@ -987,6 +1026,9 @@ class Bench:
             f"numpy {version('numpy')}",
             f"- {cmd_out(['/usr/sbin/nginx', '-v'])} (sendfile on, access_log off, workers auto); "
             f"{' '.join(cmd_out(['curl', '--version']).split()[:2])}",
+            f"- proactive reclaim: {bl.damon_reclaim() or 'none seen'} (page cache idle that long may be "
+            "gone before a warm pass; the served file is re-read before each pass when it is not all "
+            "resident, and the mount's own counters in the details show reads that missed the page cache)",
             f"- local disk: the served file re-read from disk after drop_caches at "
             f"{self.disk_fact()} (the device under refmount's cache_dir too)",
             f"- data: {self.data} ({self.size / GiB:g} GiB); cold = {self.cold_method} + served file "
@@ -1081,16 +1123,6 @@ def _package(frame: str) -> str:
 # ============================================================================================
 # Main
 # ============================================================================================
-
-
-def parse_size(text: str) -> int:
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    mult = 1
-    for suffix, m in (("K", 2**10), ("M", 2**20), ("G", 2**30), ("T", 2**40)):
-        if t.endswith(suffix):
-            t, mult = t[:-1], m
-            break
-    return int(float(t) * mult)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -1194,7 +1226,8 @@ def main(argv: list[str]) -> int:
         bench.table(),
         "",
         "MB = 10^6 bytes, GB = 10^9 bytes. Bold: refmount misses the goal. '—': not applicable / not run. "
-        "†: every attempt was disturbed by other processes on the machine (best attempt shown).",
+        "†: every attempt was disturbed by other processes on the machine (best attempt shown). "
+        "‡: warm pass that missed the kernel page cache in every attempt (paged out in between).",
         "Peers: refmount = CLI daemon, defaults + the options above; fsspec.fuse = fsspec.fuse.run(...,"
         f" threads={args.fsspec_fuse_threads}) over ReferenceFileSystem, ops root=''; fsspec in-process = "
         "cat_file per key (N threads) / open().read(1 MiB) for the whole file / get_mapper('reference://ARRAY',"

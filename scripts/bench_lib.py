@@ -111,8 +111,16 @@ def others_cpu(sys0: float, sys1: float, own: float, s0: dict[int, tuple[float, 
     total = max(sys1 - sys0 - ours - kthreads, 0.0)
     per = sorted(((delta(p), p) for p, (_, ppid) in s1.items()
                   if p not in mine and p != os.getpid() and p != 2 and ppid != 2), reverse=True)
-    top = [(d, " ".join(proc_cmdline(p))[:60] or f"pid {p}") for d, p in per[:3] if d > 0]
+    top = [(d, _short_cmd(p)) for d, p in per[:3] if d > 0]
     return total, top
+
+
+def _short_cmd(pid: int) -> str:
+    cmd = " ".join(proc_cmdline(pid))
+    if not cmd:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as f:
+            cmd = f"[{f.read().strip()}]"
+    return (cmd if len(cmd) <= 70 else f"{cmd[:30]}...{cmd[-37:]}") or f"pid {pid}"
 
 
 def proc_cmdline(pid: int) -> list[str]:
@@ -257,6 +265,35 @@ def drop_page_cache(dirs: list[Path]) -> str:
                     finally:
                         os.close(fd)
     return "fadvise"
+
+
+def resident_fraction(path: Path) -> float | None:
+    """Share of the file's pages in the page cache (util-linux fincore), None if unknown."""
+    try:
+        r = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES", str(path)],
+                           capture_output=True, text=True, timeout=30)
+        return int(r.stdout.split()[0]) / max(path.stat().st_size, 1)
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+
+
+def damon_reclaim() -> str:
+    """Describe an active DAMON 'pageout' scheme (proactive reclaim of idle pages), if any."""
+    base = Path("/sys/kernel/mm/damon/admin/kdamonds")
+    out = []
+    with contextlib.suppress(OSError, ValueError):
+        for kd in sorted(base.glob("[0-9]*")):
+            if (kd / "state").read_text().strip() != "on":
+                continue
+            for ctx in sorted((kd / "contexts").glob("[0-9]*")):
+                aggr_us = int((ctx / "monitoring_attrs/intervals/aggr_us").read_text())
+                for sch in sorted((ctx / "schemes").glob("[0-9]*")):
+                    action = (sch / "action").read_text().strip()
+                    if action != "pageout":
+                        continue
+                    age = int((sch / "access_pattern/age/min").read_text())
+                    out.append(f"kdamond {kd.name}: pageout of pages idle for >= {age * aggr_us / 1e6:g} s")
+    return "; ".join(out)
 
 
 def warm_file(path: Path) -> float:

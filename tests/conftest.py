@@ -36,6 +36,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from datasets import Datasets, build
+from faultserver import FaultServer
 from servers import NginxServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -532,3 +533,27 @@ def pytest_runtest_makereport(item, call):
                 continue
             seen.add(m.path)
             report.sections.append((f"refmount daemon log {m.path}", m.log_text(tail=80)))
+
+
+def walk(mnt) -> tuple[set[str], set[str]]:
+    """(files, dirs) under a mount, as paths relative to it."""
+    files, dirs = set(), set()
+    root = str(mnt)
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        prefix = "" if rel == "." else rel + "/"
+        dirs.update(prefix + d for d in dirnames)
+        files.update(prefix + f for f in filenames)
+    return files, dirs
+
+
+@pytest.fixture
+def srv(tmp_path):
+    """The fault-injecting HTTP server (tests/faultserver.py) on 127.0.0.1."""
+    s = FaultServer(tmp_path / "served")
+    s.root.mkdir(parents=True)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()

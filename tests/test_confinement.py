@@ -30,7 +30,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import CLI, is_mounted, mount_entries, opts_arg, run_cli
-from faultserver import FaultServer
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
@@ -54,17 +53,6 @@ def public(mount):
         mount.cleanup()
         if not any(e[1].startswith(str(base) + "/") for e in mount_entries()):
             shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def srv(tmp_path):
-    s = FaultServer(tmp_path / "served")
-    s.root.mkdir(parents=True)
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -47,17 +47,6 @@ SLACK = 1.5  # seconds allowed on top of -o timeout= for an EIO to reach the rea
 # --- helpers -----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def srv(tmp_path):
-    s = FaultServer(tmp_path / "served")
-    s.root.mkdir(parents=True)
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
 class HttpSet:
     """Range references ``[url, OFFSET, size]`` into one target file per key on ``srv``."""
 

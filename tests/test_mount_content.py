@@ -9,6 +9,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import walk
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,17 +25,6 @@ def implied_dirs(keys) -> set[str]:
         for i in range(1, len(parts) + 1):
             dirs.add("/".join(parts[:i]))
     return dirs
-
-
-def walk(mnt) -> tuple[set[str], set[str]]:
-    files, dirs = set(), set()
-    root = str(mnt)
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel = os.path.relpath(dirpath, root)
-        prefix = "" if rel == "." else rel + "/"
-        dirs.update(prefix + d for d in dirnames)
-        files.update(prefix + f for f in filenames)
-    return files, dirs
 
 
 @pytest.mark.parametrize("name", REF_SETS)

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 import xarray as xr
 import zarr
-from conftest import _LIVE, Mounter, fusermount_u, is_mounted
+from conftest import _LIVE, Mounter, fusermount_u, is_mounted, walk
 
 pytestmark = [
     pytest.mark.fuse,
@@ -38,17 +38,6 @@ OPTS = ("no_disk_cache",)
 
 
 # --- helpers --------------------------------------------------------------------------------------
-
-
-def walk(mnt) -> tuple[set[str], set[str]]:
-    files, dirs = set(), set()
-    root = str(mnt)
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel = os.path.relpath(dirpath, root)
-        prefix = "" if rel == "." else rel + "/"
-        dirs.update(prefix + d for d in dirnames)
-        files.update(prefix + f for f in filenames)
-    return files, dirs
 
 
 def implied_dirs(keys) -> set[str]:
