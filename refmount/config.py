@@ -7,7 +7,6 @@ process over a pipe (never argv, so secrets in ``remote_options`` stay out of ``
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -77,13 +76,6 @@ class MountConfig:
         if "://" not in self.source and "::" not in self.source:
             return [os.path.dirname(os.path.realpath(self.source))]
         return []
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> MountConfig:
-        return cls(**json.loads(text))
 
 
 def split_options(text: str) -> list[str]:

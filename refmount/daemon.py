@@ -100,7 +100,6 @@ def sd_notify(message: str) -> None:
 def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
     stats = Stats()
     fetcher = Fetcher(
-        cfg.remote_protocol,
         cfg.remote_options,
         target_policy(cfg),
         timeout=cfg.timeout,

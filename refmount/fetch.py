@@ -111,7 +111,6 @@ async def await_future(fut: concurrent.futures.Future) -> Any:
 class Fetcher:
     def __init__(
         self,
-        remote_protocol: str | None,
         remote_options: dict[str, Any],
         policy: TargetPolicy,
         *,
@@ -120,7 +119,6 @@ class Fetcher:
         max_connections: int,
         stats: Stats,
     ) -> None:
-        self.remote_protocol = remote_protocol
         self.remote_options = remote_options
         self.policy = policy
         self.timeout = timeout

@@ -557,3 +557,13 @@ def srv(tmp_path):
         yield s
     finally:
         s.stop()
+
+
+def implied_dirs(keys) -> set[str]:
+    """Every directory that keys like "a/b/c" imply ("a", "a/b")."""
+    dirs = set()
+    for k in keys:
+        parts = k.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            dirs.add("/".join(parts[:i]))
+    return dirs

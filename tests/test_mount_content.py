@@ -9,22 +9,13 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import walk
+from conftest import implied_dirs, walk
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
 REF_SETS = ["hand_local", "hand_http", "nc4_local", "nc4_http", "nc3_local", "nc3_http"]
-
-
-def implied_dirs(keys) -> set[str]:
-    dirs = set()
-    for k in keys:
-        parts = k.split("/")[:-1]
-        for i in range(1, len(parts) + 1):
-            dirs.add("/".join(parts[:i]))
-    return dirs
 
 
 @pytest.mark.parametrize("name", REF_SETS)

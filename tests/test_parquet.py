@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 import xarray as xr
 import zarr
-from conftest import _LIVE, Mounter, fusermount_u, is_mounted, walk
+from conftest import _LIVE, Mounter, fusermount_u, implied_dirs, is_mounted, walk
 
 pytestmark = [
     pytest.mark.fuse,
@@ -38,15 +38,6 @@ OPTS = ("no_disk_cache",)
 
 
 # --- helpers --------------------------------------------------------------------------------------
-
-
-def implied_dirs(keys) -> set[str]:
-    dirs = set()
-    for k in keys:
-        parts = k.split("/")[:-1]
-        for i in range(1, len(parts) + 1):
-            dirs.add("/".join(parts[:i]))
-    return dirs
 
 
 def assert_absent(mnt, key: str) -> None:

@@ -442,15 +442,9 @@ class KeyIndex:
         url = self._url_strings[int(self._url_ids[i])].as_py()
         return Ref(kind, url, int(self._offsets[i]), int(self._lengths[i]))
 
-    def kind(self, i: int) -> RefKind:
-        return RefKind(int(self._kinds[i]))
-
     def size(self, i: int) -> int:
         """Byte size of key i, or -1 for a whole-file target whose size is not yet known."""
         return int(self._lengths[i])
-
-    def url_count(self) -> int:
-        return len(self._url_strings)
 
     def urls(self) -> Iterator[str]:
         """The distinct target URLs that some key uses."""
