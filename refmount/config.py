@@ -55,6 +55,7 @@ class MountConfig:
     timeout: float = 30.0
     retries: int = 3
     max_connections: int = 32
+    merge_gap: int = 64 * 2**10  # concurrent reads of ranges this close share one request
     # process / logging
     foreground: bool = False
     debug: bool = False
@@ -189,6 +190,8 @@ OPTION_HELP: dict[str, str] = {
     "timeout=SEC": "time limit for one read's fetch, retries included (default 30)",
     "retries=N": "retries of a failed fetch, with backoff (default 3)",
     "max_connections=N": "concurrent requests to each target host (default 32)",
+    "merge_gap=SIZE": "ranges of one target requested at once and at most this far apart are "
+                      "fetched by one request of up to block_size (default 64K; 'off' to disable)",
     "attr_timeout=SEC": "how long the kernel may cache names and attributes (default 86400)",
     "max_tasks=N": "FUSE requests handled concurrently (default 256)",
     "log=stderr|syslog|FILE": "where the daemon logs (default: stderr with -f, else syslog, "
@@ -259,6 +262,8 @@ def apply_options(cfg: MountConfig, options: list[str]) -> None:
                 cfg.retries = max(_int(name, value), 0)
             case "max_connections":
                 cfg.max_connections = max(_int(name, value), 1)
+            case "merge_gap":
+                cfg.merge_gap = -1 if value in ("off", "-1") else parse_size(value)
             case "attr_timeout":
                 cfg.attr_timeout = _float(name, value)
             case "max_tasks":

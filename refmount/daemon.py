@@ -7,6 +7,8 @@ argv, to keep secrets out of ``ps``) and reports readiness on an inherited pipe.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import json
 import logging
@@ -16,13 +18,15 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import outcome
 import pyfuse3
 import trio
 
 from .cache import DiskCache, MemoryLRU
+from .cachewriter import CacheWriter
 from .config import MountConfig
 from .fetch import Fetcher
 from .fs import RefFS
@@ -106,12 +110,15 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
         retries=cfg.retries,
         max_connections=cfg.max_connections,
         stats=stats,
+        merge_gap=cfg.merge_gap,
+        merge_limit=cfg.block_size,
     )
     disk = DiskCache(cfg.cache_dir, cfg.cache_size) if cfg.disk_cache else None
     reader = RefReader(
         fetcher,
         MemoryLRU(cfg.memory_cache_size),
         disk,
+        disk_writer=CacheWriter(disk) if disk is not None else None,
         whole_fetch_limit=cfg.whole_fetch_limit,
         block_size=cfg.block_size,
         max_readahead=cfg.max_readahead,
@@ -149,13 +156,21 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
 
 def tune_malloc() -> None:
     """The daemon allocates many short-lived buffers of 64 KiB - 32 MiB in several threads
-    (fsspec's IO loop, trio workers, the FUSE loop). With glibc's defaults they fragment
-    per-thread arenas and RSS creeps up by hundreds of MiB under a long load (measured with
-    scripts/soak.py); serving large blocks from mmap and capping arenas keeps it flat."""
+    (fsspec's IO loop, trio workers, the FUSE loop).
+
+    * Arenas are capped: with glibc's default (8 per core) such buffers fragment per-thread
+      arenas and RSS creeps up by hundreds of MiB under a long load (scripts/soak.py).
+    * Buffers up to 32 MiB come from the heap and freed memory is kept (up to 128 MiB):
+      glibc's default of mmap-ing every large buffer and unmapping it on free made each
+      block cost a fresh mapping whose pages fault in one by one, and on a virtual machine
+      first-touching memory is expensive (it was about half of the daemon's CPU time in
+      a cold sequential read, measured with perf).
+    """
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-8, 2)  # M_ARENA_MAX
-        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD: fixed, so large blocks go back to the OS
+        libc.mallopt(-3, 32 * 2**20 + 4096)  # M_MMAP_THRESHOLD (fixed: no dynamic growth)
+        libc.mallopt(-1, 128 * 2**20)  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         pass  # not glibc: nothing to tune
 
@@ -174,9 +189,11 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None])
         redact_url(cfg.source), cfg.mountpoint, ops.info["keys"], describe_options(cfg),
     )
     try:
-        trio.run(_main, cfg, ops, on_ready)
+        _run_guest(_main, cfg, ops, on_ready)
     finally:
         pyfuse3.close(unmount=True)
+        if ops.reader.disk_writer is not None:
+            ops.reader.disk_writer.close(timeout=5.0)  # finish queued block writes
         stats = ops.stats.as_dict()
         log.info(
             "unmounted %s: %d reads, %d bytes read, %d fetches, %d bytes fetched, "
@@ -187,9 +204,41 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None])
     return 0
 
 
+def _run_guest(main: Callable[..., Awaitable[None]], cfg: MountConfig, ops: RefFS,
+               on_ready: Callable[[], None]) -> None:
+    """Run trio as a guest of an asyncio loop on this thread.
+
+    fsspec's async filesystems are bound to the asyncio loop (``Fetcher.bind_loop``), so
+    the FUSE operations (trio) and the HTTP client (asyncio) share one thread instead of
+    contending for the GIL from two; trio's own I/O wait runs in its helper thread only
+    while nothing is runnable."""
+    loop = asyncio.new_event_loop()
+
+    async def host() -> None:
+        done: asyncio.Future[outcome.Outcome[None]] = loop.create_future()
+        ops.reader.fetcher.bind_loop(loop)
+        trio.lowlevel.start_guest_run(
+            main, cfg, ops, on_ready,
+            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
+            run_sync_soon_not_threadsafe=loop.call_soon,
+            done_callback=done.set_result,
+        )
+        result = await done
+        await ops.reader.fetcher.aclose()
+        result.unwrap()
+
+    try:
+        loop.run_until_complete(host())
+    finally:
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
 async def _main(cfg: MountConfig, ops: RefFS, on_ready: Callable[[], None]) -> None:
     async with trio.open_nursery() as nursery:
         ops.reader.attach(nursery)
+        ops.reader.fetcher.attach(nursery)
         nursery.start_soon(_fuse_main, cfg, nursery)
         nursery.start_soon(_stop_on_signal, nursery)
         # The mount answers once a stat from another thread comes back through our loop.
@@ -197,6 +246,12 @@ async def _main(cfg: MountConfig, ops: RefFS, on_ready: Callable[[], None]) -> N
         set_kernel_readahead(st.st_dev, cfg.read_ahead_kb)
         on_ready()
         sd_notify("READY=1\nSTATUS=serving " + cfg.mountpoint)
+        writer = ops.reader.disk_writer
+        if writer is not None and (child_log := writer.start()) is not None:
+            nursery.start_soon(writer.relay_logs, child_log)
+        disk = ops.reader.disk
+        if disk is not None:  # after READY: a large cache directory takes a while to list
+            await trio.to_thread.run_sync(disk.scan, abandon_on_cancel=True)
 
 
 async def _fuse_main(cfg: MountConfig, nursery: trio.Nursery) -> None:

@@ -1,10 +1,14 @@
 """Fetching bytes of reference targets through fsspec, from trio, without blocking it.
 
-fsspec's async filesystems (http, s3, gcs, ...) run coroutines on fsspec's own asyncio
-loop thread; we submit to that loop with ``run_coroutine_threadsafe`` and wake the trio
-task through its token — no thread per request. Synchronous filesystems (local files,
-chained URLs) run on trio worker threads under a capacity limiter. Every fetch has a
-deadline covering its retries; cancellation propagates into the asyncio task.
+The daemon runs trio as a guest of an asyncio loop (``daemon.serve``), and fsspec's async
+filesystems (http, s3, gcs, ...) are bound to that same loop: a fetch is an asyncio task
+created on the thread trio runs on, and its completion wakes the trio task through the
+trio token. One thread runs all the Python of the read path, so the FUSE side and the
+HTTP side never fight over the GIL (with fsspec's own loop thread, that contention cost
+more CPU than the work itself). Without a bound loop (tools, tests) coroutines go to
+fsspec's loop thread with ``run_coroutine_threadsafe``. Synchronous filesystems (local
+files, chained URLs) run on trio worker threads under a capacity limiter. Every fetch
+has a deadline covering its retries; cancellation propagates into the asyncio task.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import errno
 import logging
 import random
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -90,6 +94,21 @@ async def http_range(fs: Any, url: str, start: int, end: int) -> bytes:
         return await r.read()
 
 
+async def await_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``coro`` as a task of ``loop`` — the loop trio is a guest of, on this thread —
+    and wait for it in trio; cancel it if we are cancelled."""
+    task = loop.create_task(coro)
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+    task.add_done_callback(lambda _: token.run_sync_soon(done.set))
+    try:
+        await done.wait()
+    except BaseException:
+        task.cancel()
+        raise
+    return task.result()
+
+
 async def await_future(fut: concurrent.futures.Future) -> Any:
     """Wait in trio for a future completed by another thread; cancel it if we are."""
     token = trio.lowlevel.current_trio_token()
@@ -108,6 +127,34 @@ async def await_future(fut: concurrent.futures.Future) -> Any:
     return fut.result()
 
 
+class _Wanted:
+    """One range waiting for a (possibly merged) request."""
+
+    __slots__ = ("data", "done", "end", "error", "start")
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start = start
+        self.end = end
+        self.done = trio.Event()
+        self.data: bytes | None = None
+        self.error: BaseException | None = None
+
+
+def merge_ranges(wanted: list[_Wanted], gap: int, limit: int) -> list[list[_Wanted]]:
+    """Group ranges (sorted by start) whose neighbours are at most ``gap`` bytes apart,
+    up to ``limit`` bytes per group."""
+    groups: list[list[_Wanted]] = []
+    for w in wanted:
+        if groups:
+            g = groups[-1]
+            lo, hi = g[0].start, max(x.end for x in g)
+            if w.start - hi <= gap and max(hi, w.end) - lo <= limit:
+                g.append(w)
+                continue
+        groups.append([w])
+    return groups
+
+
 class Fetcher:
     def __init__(
         self,
@@ -118,6 +165,8 @@ class Fetcher:
         retries: int,
         max_connections: int,
         stats: Stats,
+        merge_gap: int = -1,
+        merge_limit: int = 4 * 2**20,
     ) -> None:
         self.remote_options = remote_options
         self.policy = policy
@@ -128,6 +177,33 @@ class Fetcher:
         self._host_limiters: dict[str, trio.CapacityLimiter] = {}
         self._threads = trio.CapacityLimiter(max(4, min(max_connections, 32)))
         self._fs: dict[str, AbstractFileSystem] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.merge_gap = merge_gap
+        self.merge_limit = merge_limit
+        self._nursery: trio.Nursery | None = None
+        self._queued: dict[str, list[_Wanted]] = {}
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        """Where merged requests run (the daemon's nursery); merging is off without one."""
+        self._nursery = nursery
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Create async filesystems on ``loop``, the loop trio runs as a guest of."""
+        self._loop = loop
+
+    async def aclose(self) -> None:
+        """Close the HTTP sessions of filesystems bound to our loop (on that loop)."""
+        for fs in self._fs.values():
+            session = getattr(fs, "_session", None)
+            if getattr(fs, "asynchronous", False) and session is not None:
+                with contextlib.suppress(Exception):
+                    await session.close()
+
+    async def _run(self, fs: AbstractFileSystem, coro: Coroutine[Any, Any, Any]) -> Any:
+        if self._loop is not None and getattr(fs, "asynchronous", False):
+            # Created by resolve() for our loop (asynchronous instances use the running loop).
+            return await await_task(self._loop, coro)
+        return await await_future(asyncio.run_coroutine_threadsafe(coro, fs.loop))
 
     # ---- filesystem resolution ----------------------------------------------------------
     def resolve(self, url: str) -> tuple[AbstractFileSystem, str]:
@@ -140,19 +216,22 @@ class Fetcher:
             cls = fsspec.get_filesystem_class(protocol)
             options = dict(self.remote_options)
             if getattr(cls, "async_impl", False):
-                options.setdefault("asynchronous", False)
+                if self._loop is not None:
+                    options["asynchronous"] = True
+                else:
+                    options.setdefault("asynchronous", False)
             fs = self._fs[protocol] = cls(**options)
         return fs, fs._strip_protocol(url)
 
     # ---- the bridge ---------------------------------------------------------------------
     async def _call(self, url: str, fs: AbstractFileSystem, method: str, *args: Any, **kw: Any) -> Any:
-        if getattr(fs, "async_impl", False) and getattr(fs, "loop", None) is not None:
+        if getattr(fs, "async_impl", False) and (
+            getattr(fs, "asynchronous", False) or getattr(fs, "loop", None) is not None
+        ):
             reason = self.policy.problem(url, resolve=False)  # remote: no local I/O to do
             if reason:
                 raise FetchError(url, reason, errno.EACCES)
-            coro = getattr(fs, "_" + method)(*args, **kw)
-            fut = asyncio.run_coroutine_threadsafe(coro, fs.loop)
-            return await await_future(fut)
+            return await self._run(fs, getattr(fs, "_" + method)(*args, **kw))
         fn: Callable[..., Any] = getattr(fs, method)
 
         def checked() -> Any:
@@ -201,7 +280,53 @@ class Fetcher:
         raise FetchError(url, f"{what}: timed out after {self.timeout:g} s", errno.EIO, timed_out=True)
 
     async def cat_range(self, url: str, start: int, end: int) -> bytes:
-        """Bytes [start, end) of the target; raises FetchError (never returns short)."""
+        """Bytes [start, end) of the target; raises FetchError (never returns short).
+
+        Ranges of one target asked for in the same scheduling round (many readers of
+        neighbouring chunks, a busy daemon with FUSE requests queued) are merged into
+        one request when they are at most ``merge_gap`` apart: under load, the per-request
+        work of the HTTP client is what limits small reads."""
+        if self._nursery is None or self.merge_gap < 0 or end - start >= self.merge_limit:
+            return await self._cat_range(url, start, end)
+        wanted = _Wanted(start, end)
+        queue = self._queued.get(url)
+        if queue is None:
+            queue = self._queued[url] = []
+            self._nursery.start_soon(self._dispatch, url)
+        queue.append(wanted)
+        await wanted.done.wait()  # if we are cancelled the request goes on for the others
+        if wanted.error is not None:
+            raise wanted.error
+        assert wanted.data is not None
+        return wanted.data
+
+    async def _dispatch(self, url: str) -> None:
+        await trio.lowlevel.checkpoint()  # let the other requests of this round queue up
+        wanted = sorted(self._queued.pop(url), key=lambda w: w.start)
+        assert self._nursery is not None
+        for group in merge_ranges(wanted, self.merge_gap, self.merge_limit):
+            self._nursery.start_soon(self._fetch_group, url, group)
+
+    async def _fetch_group(self, url: str, group: list[_Wanted]) -> None:
+        lo, hi = group[0].start, max(w.end for w in group)
+        try:
+            data = await self._cat_range(url, lo, hi)
+            if len(group) > 1:
+                self.stats.merged += len(group)
+            for w in group:
+                w.data = data[w.start - lo : w.end - lo] if len(group) > 1 else data
+        except Exception as e:  # each waiter raises it; the nursery must not see it
+            for w in group:
+                w.error = e
+        except BaseException:  # cancelled: unmounting
+            for w in group:
+                w.error = FetchError(url, "request cancelled")
+            raise
+        finally:
+            for w in group:
+                w.done.set()
+
+    async def _cat_range(self, url: str, start: int, end: int) -> bytes:
         fs, path = self.resolve(url)
         want = end - start
 
@@ -210,8 +335,7 @@ class Fetcher:
                 reason = self.policy.problem(url, resolve=False)
                 if reason:
                     raise FetchError(url, reason, errno.EACCES)
-                fut = asyncio.run_coroutine_threadsafe(http_range(fs, path, start, end), fs.loop)
-                data = await await_future(fut)
+                data = await self._run(fs, http_range(fs, path, start, end))
             else:
                 data = await self._call(url, fs, "cat_file", path, start=start, end=end)
             if not isinstance(data, bytes | bytearray | memoryview):

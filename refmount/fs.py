@@ -210,7 +210,7 @@ class RefFS(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
     @_guard
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
         h = self._handles.get(fh)
         if h is None:
             raise pyfuse3.FUSEError(errno.EBADF)

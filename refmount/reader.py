@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Hashable
 import trio
 
 from .cache import DiskCache, MemoryLRU
+from .cachewriter import CacheWriter
 from .fetch import Fetcher, FetchError
 from .refs import Ref, RefKind
 from .stats import Stats
@@ -46,7 +47,6 @@ class ReadState:
 
 
 class RefReader:
-    MAX_PENDING_WRITES = 64
     # After a failed fetch the kernel re-reads the same page at once (readahead, then a
     # synchronous read). A timed-out fetch is remembered briefly so that the re-read fails
     # at once instead of waiting a second full timeout; other failures are cheap to retry
@@ -59,6 +59,7 @@ class RefReader:
         memory: MemoryLRU,
         disk: DiskCache | None,
         *,
+        disk_writer: CacheWriter | None = None,
         whole_fetch_limit: int,
         block_size: int,
         max_readahead: int,
@@ -67,6 +68,7 @@ class RefReader:
         self.fetcher = fetcher
         self.memory = memory
         self.disk = disk
+        self.disk_writer = disk_writer
         self.whole_fetch_limit = whole_fetch_limit
         self.block_size = block_size
         self.max_readahead = max_readahead
@@ -76,7 +78,6 @@ class RefReader:
         self._sizes: dict[str, int] = {}
         self._disk_threads = trio.CapacityLimiter(8)
         self._background: trio.Nursery | None = None
-        self._pending_writes = 0
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Where background work (disk writes, readahead) runs: the daemon's nursery."""
@@ -94,7 +95,11 @@ class RefReader:
             self._sizes[ref.url] = size
         return size
 
-    async def read(self, ref: Ref, off: int, size: int, state: ReadState | None = None) -> bytes:
+    async def read(
+        self, ref: Ref, off: int, size: int, state: ReadState | None = None
+    ) -> bytes | memoryview:
+        """Bytes [off, off+size) of the reference. A view into a cached piece where one
+        piece covers the request: the FUSE reply copies from it, so we do not copy first."""
         if ref.kind is RefKind.INLINE:
             assert ref.data is not None
             return ref.data[off : off + size]
@@ -111,7 +116,7 @@ class RefReader:
                 return self.fetcher.cat_range(url, start, start + total)
 
             data = await self._shared((url, start, total), fetch_whole)
-            return data[off:end]
+            return memoryview(data)[off:end]
         return await self._read_blocks(url, ref.offset, total, off, end, state)
 
     def _block(self, url: str, base: int, total: int, b: int) -> tuple[tuple[str, int, int], Callable]:
@@ -121,7 +126,7 @@ class RefReader:
 
     async def _read_blocks(
         self, url: str, base: int, total: int, off: int, end: int, state: ReadState | None
-    ) -> bytes:
+    ) -> bytes | memoryview:
         bs = self.block_size
         first, last = off // bs, (end - 1) // bs
         parts: dict[int, bytes] = {}
@@ -145,9 +150,11 @@ class RefReader:
                     nursery.start_soon(get, b)
         if errors:
             raise errors[0]
-        data = b"".join(parts[b] for b in range(first, last + 1))
         skip = off - first * bs
-        return data[skip : skip + (end - off)]
+        if first == last:
+            return memoryview(parts[first])[skip : skip + (end - off)]
+        data = b"".join(parts[b] for b in range(first, last + 1))
+        return memoryview(data)[skip : skip + (end - off)]
 
     def _readahead(
         self, url: str, base: int, total: int, off: int, end: int, state: ReadState
@@ -178,24 +185,15 @@ class RefReader:
         if self.disk is None or not isinstance(key, tuple):
             return None
         url, start, length = key
+        if not self.disk.may_contain(url, start, length):
+            return None  # a certain miss: no thread hop
         return await trio.to_thread.run_sync(
             self.disk.get, url, start, length, limiter=self._disk_threads
         )
 
     def _to_disk(self, key: Hashable, data: bytes) -> None:
-        if self.disk is None or self._background is None or not isinstance(key, tuple):
-            return
-        if self._pending_writes >= self.MAX_PENDING_WRITES:
-            return  # the disk is slower than the network: skip rather than queue memory
-        self._pending_writes += 1
-        self._background.start_soon(self._write_disk, key, data)
-
-    async def _write_disk(self, key: tuple[str, int, int], data: bytes) -> None:
-        try:
-            assert self.disk is not None
-            await trio.to_thread.run_sync(self.disk.put, key[0], key[1], data, limiter=self._disk_threads)
-        finally:
-            self._pending_writes -= 1
+        if self.disk_writer is not None and isinstance(key, tuple):
+            self.disk_writer.submit(key[0], key[1], data)  # written by the writer process
 
     async def _shared(self, key: Hashable, fetch: Callable[[], Awaitable[bytes]]) -> bytes:
         """Memory, else join an in-flight load of the same bytes, else disk, else fetch."""

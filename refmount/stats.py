@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 class Stats:
     started: float = field(default_factory=time.time)
     requests: int = 0  # successful fetches from targets
+    merged: int = 0  # ranges that shared a request with others (adjacent, read at once)
     bytes_fetched: int = 0
     retries: int = 0
     errors: int = 0  # reads answered with an error

@@ -40,7 +40,7 @@ from faultserver import FaultServer
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
 KiB = 1024
-HEADER = 64  # disk-cache block header (magic, length, xxh3-128, key digest)
+HEADER = 4096  # disk-cache block header (magic, length, xxh3-128, key digest; a page)
 SLACK = 1.5  # seconds allowed on top of -o timeout= for an EIO to reach the reader
 
 
@@ -398,7 +398,7 @@ def block_files(cache_dir: Path) -> set[Path]:
     root = cache_dir / "blocks"
     if not root.is_dir():
         return set()
-    return {p for p in root.glob("*/*") if p.is_file() and not p.name.startswith(".tmp")}
+    return {p for p in root.glob("*/*") if p.is_file() and not p.name.endswith(".tmp")}
 
 
 CORRUPTIONS = {
@@ -533,7 +533,7 @@ def test_full_cache_dir_degrades_with_one_warning(srv, tmp_path, mount, tmpfs):
     # whatever did fit is whole: nothing half-written is left
     for p in block_files(cache):
         assert p.stat().st_size in {HEADER + s for s in sizes.values()}, p
-    assert not [p for p in (cache / "blocks").glob("*/.tmp*")], "temporary files left behind"
+    assert not [p for p in (cache / "blocks").glob("*/*.tmp")], "temporary files left behind"
     assert_serving(m)
 
 
