@@ -156,6 +156,11 @@ def merge_ranges(wanted: list[_Wanted], gap: int, limit: int) -> list[list[_Want
 
 
 class Fetcher:
+    # With this many requests to one target in flight, new ranges for it wait (at most
+    # MERGE_WAIT s, or until one completes) so that neighbours arriving meanwhile merge.
+    MERGE_BUSY = 4
+    MERGE_WAIT = 0.002
+
     def __init__(
         self,
         remote_options: dict[str, Any],
@@ -182,6 +187,8 @@ class Fetcher:
         self.merge_limit = merge_limit
         self._nursery: trio.Nursery | None = None
         self._queued: dict[str, list[_Wanted]] = {}
+        self._busy: dict[str, int] = {}  # requests in flight per target
+        self._freed: dict[str, trio.Event] = {}  # set when one of them completes
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Where merged requests run (the daemon's nursery); merging is off without one."""
@@ -302,6 +309,14 @@ class Fetcher:
 
     async def _dispatch(self, url: str) -> None:
         await trio.lowlevel.checkpoint()  # let the other requests of this round queue up
+        if self._busy.get(url, 0) >= self.MERGE_BUSY:
+            # Busy target: hold the new ranges until a request completes (briefly at most),
+            # so that ranges arriving meanwhile go out together.
+            freed = self._freed.get(url)
+            if freed is None:
+                freed = self._freed[url] = trio.Event()
+            with trio.move_on_after(self.MERGE_WAIT):
+                await freed.wait()
         wanted = sorted(self._queued.pop(url), key=lambda w: w.start)
         assert self._nursery is not None
         for group in merge_ranges(wanted, self.merge_gap, self.merge_limit):
@@ -309,6 +324,7 @@ class Fetcher:
 
     async def _fetch_group(self, url: str, group: list[_Wanted]) -> None:
         lo, hi = group[0].start, max(w.end for w in group)
+        self._busy[url] = self._busy.get(url, 0) + 1
         try:
             data = await self._cat_range(url, lo, hi)
             if len(group) > 1:
@@ -325,6 +341,13 @@ class Fetcher:
         finally:
             for w in group:
                 w.done.set()
+            if (busy := self._busy[url] - 1) > 0:
+                self._busy[url] = busy
+            else:
+                del self._busy[url]
+            freed = self._freed.pop(url, None)
+            if freed is not None:
+                freed.set()
 
     async def _cat_range(self, url: str, start: int, end: int) -> bytes:
         fs, path = self.resolve(url)

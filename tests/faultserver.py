@@ -21,6 +21,7 @@
   ``stall``        answer nothing for ``seconds`` (bounded; ended early by ``stop()``), then
                    close the connection
   ``stall_body``   send the headers and ``fraction`` of the body, then stall like ``stall``
+  ``delay``        wait ``seconds``, then answer correctly (a slow, far-away store)
 
   Faults apply to ``GET`` unless ``methods`` says otherwise.
 * Every request is recorded (:class:`Request`: time, method, path, query, headers, status,
@@ -47,7 +48,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 FAULT_KINDS = ("status", "drop", "short", "extra", "ignore_range", "wrong_range", "stall",
-               "stall_body")
+               "stall_body", "delay")
 MAX_STALL = 120.0  # no stall lasts longer than this, whatever the test asks
 
 
@@ -154,6 +155,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._finish(rec, None)
             self._abort()
             return
+        if fault is not None and fault.kind == "delay":
+            self._stall(fault.seconds)
+            fault = None  # then served like any request
 
         file = srv.file_for(path)
         if file is None:

@@ -1,0 +1,180 @@
+"""The read path of issue 4 under real mounts: merging of neighbouring ranges, the disk-cache
+writer process, and zero-copy replies that span blocks. (Throughput is measured by
+scripts/bench.py, never asserted here.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from test_faults import log_lines, stats, wait_for
+
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+
+KiB = 1024
+
+
+def one_target_set(srv, tmp_path: Path, n: int, size: int, spacing: int, name: str = "refs.json"
+                   ) -> tuple[Path, str, dict[str, bytes]]:
+    """``n`` range references of ``size`` bytes, ``spacing`` bytes apart, into one target."""
+    blob = random.Random(n).randbytes(n * spacing + size)
+    path = f"/data/{name}.bin"
+    url = srv.put(path, blob)
+    refs: dict[str, object] = {".zgroup": '{"zarr_format": 2}'}
+    expected = {}
+    for i in range(n):
+        refs[f"c/{i}"] = [url, i * spacing, size]
+        expected[f"c/{i}"] = blob[i * spacing : i * spacing + size]
+    source = tmp_path / name
+    source.write_text(json.dumps(refs))
+    return source, path, expected
+
+
+def read_all_at_once(mnt: Path, keys: list[str]) -> dict[str, bytes | Exception]:
+    """Every key read by its own thread, all released together."""
+    got: dict[str, bytes | Exception] = {}
+    start = threading.Barrier(len(keys))
+
+    def read(key: str) -> None:
+        start.wait()
+        try:
+            got[key] = (mnt / key).read_bytes()
+        except OSError as e:
+            got[key] = e
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in keys]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return got
+
+
+def test_neighbouring_ranges_read_together_share_requests(srv, tmp_path, mount):
+    """A slow target and many readers of adjacent chunks: ranges that wait while requests to
+    the same target are in flight go out as merged requests, each reader gets its bytes."""
+    source, path, expected = one_target_set(srv, tmp_path, n=48, size=4 * KiB, spacing=4 * KiB)
+    srv.add_fault(path, "delay", times=None, seconds=0.3)
+    m = mount(source, "no_disk_cache")
+    got = read_all_at_once(m.path, list(expected))
+    wrong = [k for k in expected if got.get(k) != expected[k]]
+    assert not wrong, {k: got.get(k) for k in wrong[:5]}
+    s = stats(m)
+    assert srv.count(path) < len(expected), f"{srv.count(path)} requests for {len(expected)} ranges"
+    assert s["merged"] > 0 and s["requests"] == srv.count(path), s
+    # every request the server saw asked for one contiguous range of the target
+    for req in srv.log(path):
+        assert req.range is not None and req.range.startswith("bytes="), req.range
+
+
+def test_distant_ranges_are_not_merged(srv, tmp_path, mount):
+    """Ranges further apart than merge_gap are fetched by requests of their own."""
+    source, path, expected = one_target_set(srv, tmp_path, n=12, size=4 * KiB, spacing=512 * KiB)
+    srv.add_fault(path, "delay", times=None, seconds=0.3)
+    m = mount(source, "no_disk_cache", "merge_gap=64K")
+    got = read_all_at_once(m.path, list(expected))
+    assert all(got[k] == expected[k] for k in expected)
+    assert srv.count(path) == len(expected)
+    assert stats(m)["merged"] == 0
+
+
+def test_merge_gap_off_sends_one_request_per_range(srv, tmp_path, mount):
+    source, path, expected = one_target_set(srv, tmp_path, n=24, size=4 * KiB, spacing=4 * KiB)
+    srv.add_fault(path, "delay", times=None, seconds=0.3)
+    m = mount(source, "no_disk_cache", "merge_gap=off")
+    got = read_all_at_once(m.path, list(expected))
+    assert all(got[k] == expected[k] for k in expected)
+    assert srv.count(path) == len(expected)
+    assert stats(m)["merged"] == 0
+
+
+def test_a_failing_merged_request_fails_only_its_reads(srv, tmp_path, mount):
+    """A merged request that keeps failing gives EIO to the reads it served; they and all
+    others succeed once the target recovers."""
+    source, path, expected = one_target_set(srv, tmp_path, n=32, size=4 * KiB, spacing=4 * KiB)
+    srv.add_fault(path, "delay", times=4, seconds=0.3)  # the first requests are slow...
+    srv.add_fault(path, "status", times=None, status=500)  # ...and all later ones fail
+    m = mount(source, "no_disk_cache", "retries=0")
+    got = read_all_at_once(m.path, list(expected))
+    failed = [k for k, v in got.items() if isinstance(v, OSError)]
+    assert failed, "expected the failing requests to give errors"
+    assert all(got[k].errno == 5 for k in failed)
+    assert all(got[k] == expected[k] for k in expected if k not in failed)
+    srv.clear_faults(path)
+    for k in failed:
+        assert (m.path / k).read_bytes() == expected[k]
+
+
+def writer_process(m) -> psutil.Process:
+    daemon = next(p for p in psutil.process_iter(["cmdline"])
+                  if "refmount.daemon" in " ".join(p.info["cmdline"] or [])
+                  and str(m.path) in " ".join(p.info["cmdline"] or []))
+    found = wait_for(lambda: [c for c in daemon.children()
+                              if "refmount.cachewriter" in " ".join(c.cmdline())], 10)
+    assert found and len(found) == 1, found
+    return found[0]
+
+
+def block_count(cache: Path) -> int:
+    return sum(1 for p in (cache / "blocks").glob("*/*") if not p.name.endswith(".tmp"))
+
+
+def test_blocks_written_by_the_writer_process_serve_the_next_mount(srv, tmp_path, mount):
+    source, path, expected = one_target_set(srv, tmp_path, n=20, size=100 * KiB + 3,
+                                            spacing=300 * KiB)
+    cache = tmp_path / "cache"
+    m1 = mount(source, f"cache_dir={cache}")
+    assert writer_process(m1).is_running()
+    for k in expected:
+        assert (m1.path / k).read_bytes() == expected[k]
+    assert wait_for(lambda: block_count(cache) == len(expected), 10), block_count(cache)
+    writer = writer_process(m1)
+    m1.cleanup()
+    assert wait_for(lambda: not writer.is_running() or writer.status() == psutil.STATUS_ZOMBIE, 10)
+    srv.reset_log()
+    m2 = mount(source, f"cache_dir={cache}")
+    for k in expected:
+        assert (m2.path / k).read_bytes() == expected[k]
+    assert srv.count(path) == 0, "blocks on disk were fetched again"
+    assert stats(m2)["disk_hits"] == len(expected)
+
+
+def test_mount_keeps_serving_when_the_writer_process_dies(srv, tmp_path, mount):
+    source, _path, expected = one_target_set(srv, tmp_path, n=16, size=50 * KiB, spacing=100 * KiB)
+    cache = tmp_path / "cache"
+    m = mount(source, f"cache_dir={cache}")
+    keys = list(expected)
+    for k in keys[:4]:
+        assert (m.path / k).read_bytes() == expected[k]
+    writer_process(m).kill()
+    time.sleep(0.3)
+    for k in keys[4:]:
+        assert (m.path / k).read_bytes() == expected[k]
+    warned = wait_for(lambda: log_lines(m, "cache writer process"), 10)
+    assert warned and len(warned) == 1, warned
+    assert "WARNING" in warned[0]
+    assert not log_lines(m, "read failed")
+
+
+def test_reads_spanning_blocks_of_a_whole_file(srv, tmp_path, mount):
+    """Reads at offsets that cross block boundaries (small block_size) return the right bytes:
+    replies are views into one block, or joined when a read spans two."""
+    blob = random.Random(2).randbytes(3 * 64 * KiB + 1234)
+    url = srv.put("/whole.bin", blob)
+    source = tmp_path / "refs.json"
+    source.write_text(json.dumps({"f": [url]}))
+    m = mount(source, "no_disk_cache", "block_size=64K", "max_readahead=128K")
+    fd = os.open(m.path / "f", os.O_RDONLY)
+    try:
+        for off, n in [(0, 100), (64 * KiB - 10, 20), (60 * KiB, 70 * KiB), (3 * 64 * KiB, 5000),
+                       (len(blob) - 1, 10), (len(blob), 10)]:
+            assert os.pread(fd, n, off) == blob[off : off + n], (off, n)
+    finally:
+        os.close(fd)
+    assert (m.path / "f").read_bytes() == blob
