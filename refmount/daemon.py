@@ -7,8 +7,6 @@ argv, to keep secrets out of ``ps``) and reports readiness on an inherited pipe.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import ctypes
 import json
 import logging
@@ -18,13 +16,13 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-import outcome
 import pyfuse3
 import trio
 
+from . import guestloop
 from .cache import DiskCache, MemoryLRU
 from .cachewriter import CacheWriter
 from .config import MountConfig
@@ -189,7 +187,9 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None])
         redact_url(cfg.source), cfg.mountpoint, ops.info["keys"], describe_options(cfg),
     )
     try:
-        _run_guest(_main, cfg, ops, on_ready)
+        # trio (FUSE) as a guest of the asyncio loop fsspec's filesystems run on: one thread.
+        guestloop.run(_main, cfg, ops, on_ready, on_loop=ops.reader.fetcher.bind_loop,
+                      before_close=ops.reader.fetcher.aclose)
     finally:
         pyfuse3.close(unmount=True)
         if ops.reader.disk_writer is not None:
@@ -202,37 +202,6 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None])
             stats["bytes_fetched"], stats["errors"], stats["retries"],
         )
     return 0
-
-
-def _run_guest(main: Callable[..., Awaitable[None]], cfg: MountConfig, ops: RefFS,
-               on_ready: Callable[[], None]) -> None:
-    """Run trio as a guest of an asyncio loop on this thread.
-
-    fsspec's async filesystems are bound to the asyncio loop (``Fetcher.bind_loop``), so
-    the FUSE operations (trio) and the HTTP client (asyncio) share one thread instead of
-    contending for the GIL from two; trio's own I/O wait runs in its helper thread only
-    while nothing is runnable."""
-    loop = asyncio.new_event_loop()
-
-    async def host() -> None:
-        done: asyncio.Future[outcome.Outcome[None]] = loop.create_future()
-        ops.reader.fetcher.bind_loop(loop)
-        trio.lowlevel.start_guest_run(
-            main, cfg, ops, on_ready,
-            run_sync_soon_threadsafe=loop.call_soon_threadsafe,
-            run_sync_soon_not_threadsafe=loop.call_soon,
-            done_callback=done.set_result,
-        )
-        result = await done
-        await ops.reader.fetcher.aclose()
-        result.unwrap()
-
-    try:
-        loop.run_until_complete(host())
-    finally:
-        with contextlib.suppress(Exception):
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
 
 
 async def _main(cfg: MountConfig, ops: RefFS, on_ready: Callable[[], None]) -> None:
