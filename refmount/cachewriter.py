@@ -92,7 +92,7 @@ class CacheWriter:
             self._failed = True
             log.warning("disk cache: %s; not writing to the disk cache from now on", why)
 
-    def submit(self, url: str, start: int, data: bytes) -> None:
+    def submit(self, url: str, start: int, data: bytes | memoryview) -> None:
         """Queue a block for writing; never blocks (a full ring drops the block)."""
         if self._failed or self._view is None or self._notes is None:
             return

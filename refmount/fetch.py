@@ -66,11 +66,13 @@ def describe(exc: BaseException) -> str:
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
 
-async def http_range(fs: Any, url: str, start: int, end: int) -> bytes:
+async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False) -> bytes:
     """GET bytes [start, end) through fsspec's HTTP session, like its ``_cat_file``, but
     checking what came back: a 206 must carry exactly the Content-Range asked for (a
     proxy or server bug that shifts the range must never be served, or cached, as data),
-    and a 200 is accepted only when it is the whole object we asked for."""
+    and a 200 is accepted only when it is the whole object we asked for. With ``upto``,
+    a range that ends early because the object does (Content-Range ``a-b/total`` with
+    ``b = total - 1``) is accepted too."""
     kw = fs.kwargs.copy()
     headers = kw.pop("headers", {}).copy()
     headers["Range"] = f"bytes={start}-{end - 1}"
@@ -78,10 +80,13 @@ async def http_range(fs: Any, url: str, start: int, end: int) -> bytes:
     async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
         if r.status == 404:
             raise FileNotFoundError(url)
+        if r.status == 416:  # starts past the end of the target: retrying cannot help
+            raise ValueError(f"range {start}-{end - 1} not satisfiable")
         r.raise_for_status()
         if r.status == 206:
             got = _CONTENT_RANGE.fullmatch(r.headers.get("Content-Range", "").strip())
-            if not got or int(got[1]) != start or int(got[2]) != end - 1:
+            at_eof = upto and got is not None and got[3] != "*" and int(got[2]) == int(got[3]) - 1
+            if not got or int(got[1]) != start or (int(got[2]) != end - 1 and not at_eof):
                 raise ShortRead(f"asked for bytes {start}-{end - 1}, server sent Content-Range "
                                 f"{r.headers.get('Content-Range')!r}")
         elif r.status == 200:
@@ -286,15 +291,17 @@ class Fetcher:
         assert scope.cancelled_caught
         raise FetchError(url, f"{what}: timed out after {self.timeout:g} s", errno.EIO, timed_out=True)
 
-    async def cat_range(self, url: str, start: int, end: int) -> bytes:
+    async def cat_range(self, url: str, start: int, end: int, *, upto: bool = False) -> bytes:
         """Bytes [start, end) of the target; raises FetchError (never returns short).
+        With ``upto`` (readahead): bytes from ``start`` up to ``end`` or the end of the
+        target, whichever comes first, by a request of its own (never merged).
 
         Ranges of one target asked for in the same scheduling round (many readers of
         neighbouring chunks, a busy daemon with FUSE requests queued) are merged into
         one request when they are at most ``merge_gap`` apart: under load, the per-request
         work of the HTTP client is what limits small reads."""
-        if self._nursery is None or self.merge_gap < 0 or end - start >= self.merge_limit:
-            return await self._cat_range(url, start, end)
+        if upto or self._nursery is None or self.merge_gap < 0 or end - start >= self.merge_limit:
+            return await self._cat_range(url, start, end, upto)
         wanted = _Wanted(start, end)
         queue = self._queued.get(url)
         if queue is None:
@@ -349,7 +356,7 @@ class Fetcher:
             if freed is not None:
                 freed.set()
 
-    async def _cat_range(self, url: str, start: int, end: int) -> bytes:
+    async def _cat_range(self, url: str, start: int, end: int, upto: bool = False) -> bytes:
         fs, path = self.resolve(url)
         want = end - start
 
@@ -358,12 +365,14 @@ class Fetcher:
                 reason = self.policy.problem(url, resolve=False)
                 if reason:
                     raise FetchError(url, reason, errno.EACCES)
-                data = await self._run(fs, http_range(fs, path, start, end))
+                data = await self._run(fs, http_range(fs, path, start, end, upto))
             else:
                 data = await self._call(url, fs, "cat_file", path, start=start, end=end)
             if not isinstance(data, bytes | bytearray | memoryview):
                 raise FetchError(url, f"bytes {start}-{end}: backend returned {type(data)}")
-            if len(data) != want:
+            if upto and not data:
+                raise ValueError(f"nothing at {start}: past the end of the target")
+            if len(data) != want and not (upto and len(data) < want):
                 # A server that ignores Range, or a target shorter than its reference.
                 raise ShortRead(f"got {len(data)} bytes, expected {want}")
             return bytes(data)

@@ -21,6 +21,7 @@ import trio
 from .cache import DiskCache, MemoryLRU
 from .cachewriter import CacheWriter
 from .fetch import Fetcher, FetchError
+from .prefetch import TargetReadahead
 from .refs import Ref, RefKind
 from .stats import Stats
 
@@ -78,6 +79,12 @@ class RefReader:
         self._sizes: dict[str, int] = {}
         self._disk_threads = trio.CapacityLimiter(8)
         self._background: trio.Nursery | None = None
+        # Readahead across keys that read one target in order (small ranges only: larger
+        # ones have block readahead of their own).
+        self.readahead = TargetReadahead(
+            fetcher, stats, capacity=min(max(2 * max_readahead, 16 * 2**20), memory.capacity),
+            max_window=max_readahead,
+        )
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Where background work (disk writes, readahead) runs: the daemon's nursery."""
@@ -111,11 +118,21 @@ class RefReader:
             return b""
         if ref.kind is RefKind.RANGE and total <= self.whole_fetch_limit:
             start = ref.offset
+            key = (url, start, total)
+            if self.memory.get(key) is None and key not in self._inflight:
+                ahead = await self.readahead.lookup(url, start, start + total)
+                if ahead is not None:
+                    self.stats.prefetch_hits += 1
+                    if off == 0:  # first read of this key: keep it on disk like any fetch
+                        self._to_disk(key, ahead)
+                        self.readahead.note(url, start, start + total, self._background, miss=False)
+                    return ahead[off:end]
 
             def fetch_whole() -> Awaitable[bytes]:
+                self.readahead.note(url, start, start + total, self._background, miss=True)
                 return self.fetcher.cat_range(url, start, start + total)
 
-            data = await self._shared((url, start, total), fetch_whole)
+            data = await self._shared(key, fetch_whole)
             return memoryview(data)[off:end]
         return await self._read_blocks(url, ref.offset, total, off, end, state)
 
@@ -191,7 +208,7 @@ class RefReader:
             self.disk.get, url, start, length, limiter=self._disk_threads
         )
 
-    def _to_disk(self, key: Hashable, data: bytes) -> None:
+    def _to_disk(self, key: Hashable, data: bytes | memoryview) -> None:
         if self.disk_writer is not None and isinstance(key, tuple):
             self.disk_writer.submit(key[0], key[1], data)  # written by the writer process
 

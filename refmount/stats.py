@@ -12,6 +12,8 @@ class Stats:
     started: float = field(default_factory=time.time)
     requests: int = 0  # successful fetches from targets
     merged: int = 0  # ranges that shared a request with others (adjacent, read at once)
+    prefetched: int = 0  # bytes fetched ahead of readers going through a target in order
+    prefetch_hits: int = 0  # reads served from those
     bytes_fetched: int = 0
     retries: int = 0
     errors: int = 0  # reads answered with an error

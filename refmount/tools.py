@@ -217,6 +217,7 @@ def format_stats(stats: dict[str, Any]) -> str:
         ("source", "source"), ("keys", "keys"), ("uptime", "uptime (s)"),
         ("reads", "FUSE reads"), ("bytes_read", "bytes returned"),
         ("requests", "fetches from targets"), ("bytes_fetched", "bytes fetched"),
+        ("merged", "ranges in merged fetches"),
         ("memory_hits", "memory cache hits"), ("disk_hits", "disk cache hits"),
         ("misses", "cache misses"), ("retries", "retries"), ("errors", "errors"),
         ("open_files", "open files"),

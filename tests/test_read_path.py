@@ -61,7 +61,7 @@ def test_neighbouring_ranges_read_together_share_requests(srv, tmp_path, mount):
     the same target are in flight go out as merged requests, each reader gets its bytes."""
     source, path, expected = one_target_set(srv, tmp_path, n=48, size=4 * KiB, spacing=4 * KiB)
     srv.add_fault(path, "delay", times=None, seconds=0.3)
-    m = mount(source, "no_disk_cache")
+    m = mount(source, "no_disk_cache", "max_readahead=0")  # merging alone, no readahead
     got = read_all_at_once(m.path, list(expected))
     wrong = [k for k in expected if got.get(k) != expected[k]]
     assert not wrong, {k: got.get(k) for k in wrong[:5]}
@@ -77,7 +77,7 @@ def test_distant_ranges_are_not_merged(srv, tmp_path, mount):
     """Ranges further apart than merge_gap are fetched by requests of their own."""
     source, path, expected = one_target_set(srv, tmp_path, n=12, size=4 * KiB, spacing=512 * KiB)
     srv.add_fault(path, "delay", times=None, seconds=0.3)
-    m = mount(source, "no_disk_cache", "merge_gap=64K")
+    m = mount(source, "no_disk_cache", "merge_gap=64K", "max_readahead=0")
     got = read_all_at_once(m.path, list(expected))
     assert all(got[k] == expected[k] for k in expected)
     assert srv.count(path) == len(expected)
@@ -87,7 +87,7 @@ def test_distant_ranges_are_not_merged(srv, tmp_path, mount):
 def test_merge_gap_off_sends_one_request_per_range(srv, tmp_path, mount):
     source, path, expected = one_target_set(srv, tmp_path, n=24, size=4 * KiB, spacing=4 * KiB)
     srv.add_fault(path, "delay", times=None, seconds=0.3)
-    m = mount(source, "no_disk_cache", "merge_gap=off")
+    m = mount(source, "no_disk_cache", "merge_gap=off", "max_readahead=0")
     got = read_all_at_once(m.path, list(expected))
     assert all(got[k] == expected[k] for k in expected)
     assert srv.count(path) == len(expected)
@@ -100,7 +100,7 @@ def test_a_failing_merged_request_fails_only_its_reads(srv, tmp_path, mount):
     source, path, expected = one_target_set(srv, tmp_path, n=32, size=4 * KiB, spacing=4 * KiB)
     srv.add_fault(path, "delay", times=4, seconds=0.3)  # the first requests are slow...
     srv.add_fault(path, "status", times=None, status=500)  # ...and all later ones fail
-    m = mount(source, "no_disk_cache", "retries=0")
+    m = mount(source, "no_disk_cache", "retries=0", "max_readahead=0")
     got = read_all_at_once(m.path, list(expected))
     failed = [k for k, v in got.items() if isinstance(v, OSError)]
     assert failed, "expected the failing requests to give errors"
@@ -178,3 +178,45 @@ def test_reads_spanning_blocks_of_a_whole_file(srv, tmp_path, mount):
     finally:
         os.close(fd)
     assert (m.path / "f").read_bytes() == blob
+
+
+def test_keys_read_in_target_order_are_prefetched(srv, tmp_path, mount):
+    """One reader going through chunks laid out one after another in a target: after a few
+    misses the following stretch of the target is fetched ahead, in few requests, and the
+    end of the target (mid-stretch) is no error."""
+    source, path, expected = one_target_set(srv, tmp_path, n=64, size=64 * KiB, spacing=64 * KiB)
+    cache = tmp_path / "cache"
+    m = mount(source, f"cache_dir={cache}")
+    for i in range(len(expected)):
+        assert (m.path / f"c/{i}").read_bytes() == expected[f"c/{i}"], i
+    s = stats(m)
+    assert s["prefetch_hits"] >= len(expected) // 2, s
+    assert s["prefetched"] > 0 and srv.count(path) < len(expected) // 2, (s, srv.count(path))
+    assert not log_lines(m, "read failed")
+    # what came from prefetched stretches is on disk per key, like any fetch
+    assert wait_for(lambda: block_count(cache) == len(expected), 10), block_count(cache)
+
+
+def test_keys_read_out_of_order_are_not_prefetched(srv, tmp_path, mount):
+    source, path, expected = one_target_set(srv, tmp_path, n=40, size=16 * KiB, spacing=4 * 2**20 // 8)
+    m = mount(source, "no_disk_cache")
+    order = list(range(len(expected)))
+    random.Random(4).shuffle(order)
+    for i in order:
+        assert (m.path / f"c/{i}").read_bytes() == expected[f"c/{i}"], i
+    s = stats(m)
+    assert s["prefetched"] == 0 and s["prefetch_hits"] == 0, s
+    assert srv.count(path) == len(expected)
+
+
+def test_transient_errors_during_readahead_do_not_fail_reads(srv, tmp_path, mount):
+    """Requests failing while readahead runs (whichever of the reader's and the
+    readahead's requests they hit): every read still gets its bytes."""
+    source, path, expected = one_target_set(srv, tmp_path, n=24, size=64 * KiB, spacing=64 * KiB)
+    m = mount(source, "no_disk_cache", "retries=5")
+    for i in range(3):
+        assert (m.path / f"c/{i}").read_bytes() == expected[f"c/{i}"]
+    srv.add_fault(path, "status", times=2, status=503)
+    for i in range(3, len(expected)):
+        assert (m.path / f"c/{i}").read_bytes() == expected[f"c/{i}"], i
+    assert not log_lines(m, "read failed")

@@ -1,0 +1,147 @@
+"""Readahead across references: a reader going through a target front to back.
+
+Zarr readers read chunks in order, and kerchunk sets usually lay chunks out in that order
+inside their target (an HDF5/netCDF file, a GRIB message after another). Each chunk is a key
+of its own, so the kernel's readahead — per file — never sees the pattern, and each chunk
+would cost a round trip. ``TargetReadahead`` watches the ranges of each target fetched on
+demand; once consecutive ones follow each other (each within ``SLACK`` of where the last
+ended), it fetches the stretch of the target that follows, in requests of up to
+``REQUEST_LIMIT``, with a window that doubles while the reader keeps up (up to
+``max_window``). Later ranges inside a prefetched stretch are served from it — or wait for
+it while it is in flight — instead of being requested one by one.
+
+Only misses count (a reader served by the disk cache starts nothing), a run that jumps
+elsewhere starts over, and a failed prefetch stops readahead for that run (a stretch
+past the end of the target fails; the reads themselves are not affected). Prefetched
+stretches are kept first-in first-out within ``capacity`` bytes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections import deque
+
+import trio
+
+from .fetch import Fetcher
+from .stats import Stats
+
+log = logging.getLogger(__name__)
+
+
+class _Run:
+    __slots__ = ("ahead", "end", "stopped", "streak", "window")
+
+    def __init__(self, end: int) -> None:
+        self.end = end  # furthest byte read on demand (or from a prefetched stretch)
+        self.streak = 0  # consecutive ranges that followed on
+        self.ahead = 0  # prefetched (or being prefetched) up to here
+        self.window = 0
+        self.stopped = False
+
+
+class _Stretch:
+    __slots__ = ("data", "done", "end", "start")
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start = start
+        self.end = end
+        self.data: bytes | None = None  # None while in flight, or after a failure
+        self.done = trio.Event()
+
+
+class TargetReadahead:
+    SLACK = 2**20  # a range within this of the last one's end continues the run
+    MIN_STREAK = 2  # ranges in a row before prefetching starts
+    FIRST_WINDOW = 2 * 2**20
+    REQUEST_LIMIT = 8 * 2**20
+    MAX_RUNS = 10_000
+
+    def __init__(self, fetcher: Fetcher, stats: Stats, *, capacity: int, max_window: int) -> None:
+        self.fetcher = fetcher
+        self.stats = stats
+        self.capacity = capacity
+        self.max_window = max_window
+        self._runs: dict[str, _Run] = {}
+        self._stretches: dict[str, list[_Stretch]] = {}  # per target, sorted by start
+        self._fifo: deque[tuple[str, _Stretch]] = deque()
+        self._size = 0
+
+    async def lookup(self, url: str, start: int, end: int) -> memoryview | None:
+        """Bytes [start, end) of ``url`` from a prefetched stretch, if one covers them."""
+        stretches = self._stretches.get(url)
+        if not stretches:
+            return None
+        i = bisect.bisect_right(stretches, start, key=lambda s: s.start) - 1
+        if i < 0 or stretches[i].end < end:
+            return None
+        stretch = stretches[i]
+        if stretch.data is None:
+            await stretch.done.wait()
+            if stretch.data is None or stretch.end < end:
+                return None  # it failed, or the target ended early: fetch on our own
+        return memoryview(stretch.data)[start - stretch.start : end - stretch.start]
+
+    def note(self, url: str, start: int, end: int, nursery: trio.Nursery | None, *, miss: bool) -> None:
+        """A range of ``url`` was read: a fetch on demand (``miss``) or from a stretch."""
+        if nursery is None or self.max_window <= 0:
+            return
+        run = self._runs.get(url)
+        if run is None or abs(start - run.end) > self.SLACK:
+            if miss:  # a new run starts only where reads go to the network
+                if len(self._runs) >= self.MAX_RUNS:
+                    self._runs.clear()
+                self._runs[url] = _Run(end)
+            return
+        run.end = max(run.end, end)
+        run.streak += 1
+        if run.streak >= self.MIN_STREAK and not run.stopped:
+            self._extend(url, run, nursery)
+
+    def _extend(self, url: str, run: _Run, nursery: trio.Nursery) -> None:
+        ahead = max(run.ahead, run.end)
+        if ahead - run.end >= run.window // 2 and run.window:
+            return  # still well ahead of the reader
+        run.window = min(max(run.window * 2, self.FIRST_WINDOW), self.max_window)
+        target = run.end + run.window
+        stretches = self._stretches.setdefault(url, [])
+        while ahead < target:
+            stretch = _Stretch(ahead, min(ahead + self.REQUEST_LIMIT, target))
+            bisect.insort(stretches, stretch, key=lambda s: s.start)
+            self._fifo.append((url, stretch))
+            self._size += stretch.end - stretch.start
+            nursery.start_soon(self._fetch, url, stretch, run)
+            ahead = stretch.end
+        run.ahead = ahead
+        self._evict()
+
+    async def _fetch(self, url: str, stretch: _Stretch, run: _Run) -> None:
+        try:
+            data = await self.fetcher.cat_range(url, stretch.start, stretch.end, upto=True)
+            if len(data) < stretch.end - stretch.start:  # the target ends here
+                run.stopped = True
+                if stretch in self._stretches.get(url, ()):
+                    self._size -= stretch.end - stretch.start - len(data)
+                stretch.end = stretch.start + len(data)
+            stretch.data = data
+            self.stats.prefetched += len(data)
+        except Exception as e:  # failing (or starting past the end of the target): stop
+            run.stopped = True
+            self._drop(url, stretch)
+            log.debug("readahead of %s bytes %d-%d stopped: %s", url, stretch.start, stretch.end, e)
+        finally:
+            stretch.done.set()
+
+    def _drop(self, url: str, stretch: _Stretch) -> None:
+        stretches = self._stretches.get(url)
+        if stretches is not None and stretch in stretches:
+            stretches.remove(stretch)
+            self._size -= stretch.end - stretch.start
+            if not stretches:
+                del self._stretches[url]
+
+    def _evict(self) -> None:
+        while self._size > self.capacity and self._fifo:
+            url, stretch = self._fifo.popleft()
+            self._drop(url, stretch)  # readers waiting on it keep their reference
