@@ -182,7 +182,8 @@ OPTION_HELP: dict[str, str] = {
     "or /var/cache/refmount for root",
     "cache_size=SIZE": "bound of the disk block cache (default 10G); LRU eviction",
     "no_disk_cache": "keep nothing on disk (the index goes to a temporary file)",
-    "max_readahead=SIZE": "largest readahead window for streaming reads (default 64M)",
+    "max_readahead=SIZE": "largest readahead window, in a file and across keys read in target "
+                          "order (default 64M; 0: off)",
     "read_ahead_kb=N": "kernel readahead of the mount, set when root (default 1024)",
     "memory_cache=SIZE": "bound of the in-memory block cache (default 512M)",
     "whole_fetch_limit=SIZE": "range references up to this size are fetched whole (default 32M)",
