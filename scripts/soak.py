@@ -318,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             dstats = {}
         peak = max((s for _t, s in samples), default=float("nan"))
         growth = (rss_end - rss_warm) if (rss_end is not None and rss_warm is not None) else None
+        time.sleep(12)  # the daemon gives freed memory back after a few idle seconds
+        rss_idle = rss_mib(pid)
 
         print()
         print(f"readers x duration:   {args.procs} x {elapsed:.0f} s")
@@ -330,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
               f"max {lat_ms[-1] if lat_ms else float('nan'):.1f} ms)")
         print(f"daemon RSS:           start {rss_start:.0f} MiB, after {args.warmup:g} s warm-up "
               f"{rss_warm if rss_warm is not None else float('nan'):.0f} MiB, peak {peak:.0f} MiB, "
-              f"end {rss_end if rss_end is not None else float('nan'):.0f} MiB")
+              f"end {rss_end if rss_end is not None else float('nan'):.0f} MiB, "
+              f"12 s after the readers stopped {rss_idle if rss_idle is not None else float('nan'):.0f} MiB")
         if dstats:
             keep = ("reads", "bytes_read", "requests", "bytes_fetched", "memory_hits",
                     "disk_hits", "misses", "retries", "errors")
