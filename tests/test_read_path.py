@@ -73,21 +73,14 @@ def test_neighbouring_ranges_read_together_share_requests(srv, tmp_path, mount):
         assert req.range is not None and req.range.startswith("bytes="), req.range
 
 
-def test_distant_ranges_are_not_merged(srv, tmp_path, mount):
-    """Ranges further apart than merge_gap are fetched by requests of their own."""
-    source, path, expected = one_target_set(srv, tmp_path, n=12, size=4 * KiB, spacing=512 * KiB)
+@pytest.mark.parametrize(("spacing", "opt"), [(512 * KiB, "merge_gap=64K"), (4 * KiB, "merge_gap=off")],
+                         ids=["farther-than-merge_gap", "merge_gap-off"])
+def test_ranges_not_merged_get_one_request_each(srv, tmp_path, mount, spacing, opt):
+    """Ranges further apart than merge_gap, or any ranges with merging off, are fetched by
+    requests of their own."""
+    source, path, expected = one_target_set(srv, tmp_path, n=16, size=4 * KiB, spacing=spacing)
     srv.add_fault(path, "delay", times=None, seconds=0.3)
-    m = mount(source, "no_disk_cache", "merge_gap=64K", "max_readahead=0")
-    got = read_all_at_once(m.path, list(expected))
-    assert all(got[k] == expected[k] for k in expected)
-    assert srv.count(path) == len(expected)
-    assert stats(m)["merged"] == 0
-
-
-def test_merge_gap_off_sends_one_request_per_range(srv, tmp_path, mount):
-    source, path, expected = one_target_set(srv, tmp_path, n=24, size=4 * KiB, spacing=4 * KiB)
-    srv.add_fault(path, "delay", times=None, seconds=0.3)
-    m = mount(source, "no_disk_cache", "merge_gap=off", "max_readahead=0")
+    m = mount(source, "no_disk_cache", opt, "max_readahead=0")
     got = read_all_at_once(m.path, list(expected))
     assert all(got[k] == expected[k] for k in expected)
     assert srv.count(path) == len(expected)
