@@ -232,9 +232,6 @@ class DiskCache:
             os.unlink(path)
         return None
 
-    def put(self, url: str, start: int, data: bytes | memoryview) -> None:
-        self.put_digest(self.key_digest(url, start, len(data)), data)
-
     def put_digest(self, digest: bytes, data: bytes | memoryview, padded: memoryview | None = None) -> None:
         """Write one block. ``padded``, when given, is the same bytes in page-aligned memory
         followed by zeros up to a multiple of the page size: written as is, without a copy."""
