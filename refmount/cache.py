@@ -114,8 +114,8 @@ class DiskCache:
         self._buffer = _AlignedBuffer()
         # Which blocks may be on disk: a bitmap over the first bits of the key digest, so
         # a miss (every cold read) is answered without a thread hop or a syscall. False
-        # positives only cost a lookup; blocks written by another mount after our last
-        # scan are not seen until the next one (they are fetched again: still correct).
+        # positives (hash collisions, blocks evicted since) only cost a lookup; blocks
+        # written by another mount after our scan are not seen (they are fetched again).
         self._present: bytearray | None = None  # None until the first scan: assume yes
         self.corrupt = 0
         self.write_errors = 0
@@ -162,10 +162,8 @@ class DiskCache:
 
     def scan(self) -> None:
         """Learn which blocks are on disk (blocking; run in a thread once at start)."""
-        files = self._files()
-        present = self._presence_from([os.path.basename(path) for _, _, path in files])
+        present = self._presence_from([os.path.basename(path) for _, _, path in self._files()])
         with self._lock:
-            self._estimate = sum(size for _, size, _ in files)
             if self._present is not None:  # blocks written during the scan
                 n = len(present)
                 merged = int.from_bytes(present, "little") | int.from_bytes(self._present, "little")
@@ -232,9 +230,11 @@ class DiskCache:
             os.unlink(path)
         return None
 
-    def put_digest(self, digest: bytes, data: bytes | memoryview, padded: memoryview | None = None) -> None:
-        """Write one block. ``padded``, when given, is the same bytes in page-aligned memory
-        followed by zeros up to a multiple of the page size: written as is, without a copy."""
+    def put_digest(self, digest: bytes, length: int, padded: memoryview) -> None:
+        """Write one block: its ``length`` bytes start ``padded``, page-aligned memory that
+        is zero after them up to a multiple of the page size (the cache writer's ring), so
+        direct I/O writes it as is, without a copy."""
+        data = padded[:length]
         now = time.monotonic()
         if now < self._writes_off_until or len(data) > self.capacity // 4:
             return
@@ -257,16 +257,10 @@ class DiskCache:
             try:
                 if direct:
                     aligned = _round_up(size, self.ALIGN)
-                    view = self._buffer.get(aligned)
-                    view[: self.HEADER.size] = header
-                    view[self.HEADER.size : self.HEADER_SIZE] = bytes(self.HEADER_SIZE - self.HEADER.size)
-                    if padded is not None:
-                        parts = [view[: self.HEADER_SIZE], padded]
-                    else:
-                        view[self.HEADER_SIZE : size] = data
-                        view[size:aligned] = bytes(aligned - size)
-                        parts = [view[:aligned]]
-                    if os.writev(fd, parts) != aligned:
+                    head = self._buffer.get(self.HEADER_SIZE)[: self.HEADER_SIZE]
+                    head[: self.HEADER.size] = header
+                    head[self.HEADER.size :] = bytes(self.HEADER_SIZE - self.HEADER.size)
+                    if os.writev(fd, [head, padded[: aligned - self.HEADER_SIZE]]) != aligned:
                         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                     os.ftruncate(fd, size)
                 else:
@@ -326,16 +320,11 @@ class DiskCache:
         files = sorted(self._files())
         total = sum(size for _, size, _ in files)
         target = int(self.capacity * 0.9)
-        removed = 0
         for _, size, path in files:
             if total <= target:
                 break
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             total -= size
-            removed += 1
-        present = self._presence_from([os.path.basename(path) for _, _, path in files[removed:]])
         with self._lock:
             self._estimate = total
-            if self._present is not None:
-                self._present = present

@@ -30,6 +30,7 @@ from typing import IO
 import trio
 
 from .cache import DiskCache
+from .stats import Stats
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,10 @@ class CacheWriter:
 
     RING_SIZE = 64 * 2**20
 
-    def __init__(self, disk: DiskCache, ring_size: int = RING_SIZE) -> None:
+    def __init__(self, disk: DiskCache, stats: Stats, ring_size: int = RING_SIZE) -> None:
         self.disk = disk
+        self.stats = stats
         self.capacity = ring_size
-        self.dropped = 0  # blocks not cached because the ring was full
         self._head = 0  # monotonic ring position of the next block
         self._ring: mmap.mmap | None = None
         self._view: memoryview | None = None
@@ -107,7 +108,7 @@ class CacheWriter:
             phys = 0
         (consumed,) = _CONSUMED.unpack_from(self._view, 0)
         if pos + need - consumed > self.capacity:
-            self.dropped += 1
+            self.stats.cache_writes_dropped += 1
             return
         digest = self.disk.key_digest(url, start, n)
         base = _PAGE + phys
@@ -117,7 +118,7 @@ class CacheWriter:
         try:
             os.write(self._notes, _NOTE.pack(pos, n, digest))
         except BlockingIOError:
-            self.dropped += 1  # the child is far behind: not cached
+            self.stats.cache_writes_dropped += 1  # the child is far behind: not cached
             return
         except OSError as e:
             self._fail(f"the cache writer process is gone ({e.strerror})")
@@ -175,7 +176,7 @@ def _child(notes_fd: int, ring_fd: int, capacity: int, directory: str, cache_siz
         base = _PAGE + pos % capacity
         need = _round_up(n)
         try:
-            disk.put_digest(digest, view[base : base + n], padded=view[base : base + need])
+            disk.put_digest(digest, n, view[base : base + need])
         except Exception:  # one bad block must not stop the cache
             logging.exception("disk cache: writing a block failed")
         _CONSUMED.pack_into(view, 0, pos + need)

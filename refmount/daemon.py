@@ -116,7 +116,7 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
         fetcher,
         MemoryLRU(cfg.memory_cache_size),
         disk,
-        disk_writer=CacheWriter(disk) if disk is not None else None,
+        disk_writer=CacheWriter(disk, stats) if disk is not None else None,
         whole_fetch_limit=cfg.whole_fetch_limit,
         block_size=cfg.block_size,
         max_readahead=cfg.max_readahead,

@@ -22,6 +22,7 @@ class Stats:
     memory_hits: int = 0
     disk_hits: int = 0
     misses: int = 0
+    cache_writes_dropped: int = 0  # blocks not written to the disk cache: the disk fell behind
     open_files: int = 0
 
     def as_dict(self) -> dict[str, float | int]:

@@ -219,7 +219,8 @@ def format_stats(stats: dict[str, Any]) -> str:
         ("requests", "fetches from targets"), ("bytes_fetched", "bytes fetched"),
         ("merged", "ranges in merged fetches"),
         ("memory_hits", "memory cache hits"), ("disk_hits", "disk cache hits"),
-        ("misses", "cache misses"), ("retries", "retries"), ("errors", "errors"),
+        ("misses", "cache misses"), ("cache_writes_dropped", "blocks not written to disk"),
+        ("retries", "retries"), ("errors", "errors"),
         ("open_files", "open files"),
     ]
     rows = [(label, f"{stats[k]:,}" if isinstance(stats.get(k), int) else str(stats.get(k, "-")))

@@ -91,6 +91,27 @@ def errno_of(path) -> int | None:
     return None
 
 
+def refusal_problems(m, keys, secret: bytes, eio_message: bool) -> list[str]:
+    """What is wrong with reading ``keys`` of mount ``m``: as nobody, the secret must not
+    leak and the read must fail (with "Input/output error" when ``eio_message``); as root
+    through the mount, EIO."""
+    problems = []
+    for key in keys:
+        r = nobody_cat(m / key)
+        try:
+            assert_no_leak(r, secret, key)
+        except AssertionError as e:
+            problems.append(str(e))
+            continue
+        if eio_message and (r.returncode == 0 or b"Input/output error" not in r.stderr):
+            problems.append(f"{key}: expected EIO, got rc={r.returncode} {r.stderr!r}")
+        elif not eio_message and r.returncode == 0:
+            problems.append(f"{key}: nobody read {len(r.stdout)} bytes")
+        if errno_of(m / key) != errno.EIO:  # the same for root reading through the mount
+            problems.append(f"{key}: root read through the mount: {errno_of(m / key)}")
+    return problems
+
+
 def write_json(path: Path, obj) -> Path:
     path.write_text(json.dumps(obj))
     path.chmod(0o644)
@@ -213,18 +234,8 @@ def test_nobody_cannot_read_shadow_through_an_allow_other_mount(mount, public, s
     shutil.rmtree(src_dir / "sub")
     os.symlink("/etc", src_dir / "sub")
 
-    problems = []
-    for key in ("swap/late", "swap/whole", "dirswap/shadow"):
-        r = nobody_cat(m / key)
-        try:
-            assert_no_leak(r, shadow_bytes, key)
-        except AssertionError as e:
-            problems.append(str(e))
-            continue
-        if r.returncode == 0 or b"Input/output error" not in r.stderr:
-            problems.append(f"{key}: expected EIO, got rc={r.returncode} {r.stderr!r}")
-        if errno_of(m / key) != errno.EIO:  # the same for root reading through the mount
-            problems.append(f"{key}: root read through the mount: {errno_of(m / key)}")
+    problems = refusal_problems(m, ("swap/late", "swap/whole", "dirswap/shadow"), shadow_bytes,
+                                eio_message=True)
     assert not problems, "\n".join(problems)
     log = m.log.read_text(errors="replace")
     assert "read failed: key=swap/late" in log and "outside the allowed directories" in log
@@ -259,18 +270,7 @@ def test_nobody_cannot_read_shadow_through_a_parquet_chunk(mount, public, shadow
     m = mount(root, "allow_other", "no_disk_cache", mnt=mnt)  # lazy: mounting succeeds
     assert nobody_cat(m / "v/0").stdout == b"inside"
     assert nobody_cat(m / "v/4").stdout == b"raw"
-    problems = []
-    for key in ("v/1", "v/2", "v/3"):
-        r = nobody_cat(m / key)
-        try:
-            assert_no_leak(r, shadow_bytes, key)
-        except AssertionError as e:
-            problems.append(str(e))
-            continue
-        if r.returncode == 0:
-            problems.append(f"{key}: nobody read {len(r.stdout)} bytes")
-        if errno_of(m / key) != errno.EIO:
-            problems.append(f"{key}: root read through the mount: {errno_of(m / key)}")
+    problems = refusal_problems(m, ("v/1", "v/2", "v/3"), shadow_bytes, eio_message=False)
     assert not problems, "\n".join(problems)
     assert nobody_cat(m / "v/0").returncode == 0
 

@@ -111,6 +111,15 @@ def read_eventually(path, expected: bytes, within: float = 5.0) -> bytes | int:
         time.sleep(0.2)
 
 
+def run_readers(reader, n: int, timeout: float = 60) -> None:
+    """``reader(seed)`` in ``n`` threads at once, seeds 0..n-1; returns when all are done."""
+    threads = [threading.Thread(target=reader, args=(s,)) for s in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+
+
 def stats(m) -> dict:
     return json.loads(os.getxattr(m.path, "user.refmount.stats"))
 
@@ -215,11 +224,7 @@ def test_concurrent_readers_through_a_fault_storm(srv, tmp_path, mount):
             if got != ds.expected[key]:
                 problems.append(f"{key}: {got if isinstance(got, int) else f'{len(got)} bytes'}")
 
-    threads = [threading.Thread(target=reader, args=(s,)) for s in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_readers(reader, 8)
     assert not problems, problems[:10]
     assert stats(m)["retries"] >= len(keys)
     assert not log_lines(m, "read failed"), "\n".join(log_lines(m, "read failed")[:5])
@@ -566,11 +571,7 @@ def test_two_mounts_sharing_a_cache_dir_under_concurrent_reads(srv, tmp_path, mo
             if got != ds.expected[key]:
                 problems.append(f"{m.path.name}/{key}: {len(got)} wrong bytes")
 
-    threads = [threading.Thread(target=reader, args=(s,)) for s in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_readers(reader, 8)
     assert not problems, problems
     assert counts[0] > 100, counts
     s1, s2 = stats(m1), stats(m2)
