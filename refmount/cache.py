@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import logging
@@ -11,12 +12,15 @@ import os
 import struct
 import threading
 import time
+import weakref
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import xxhash
 
 log = logging.getLogger(__name__)
+
+Block = bytes | memoryview  # a cached piece: fetched bytes, or a view of a disk read
 
 
 class MemoryLRU:
@@ -25,15 +29,15 @@ class MemoryLRU:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.size = 0
-        self._items: OrderedDict[Hashable, bytes] = OrderedDict()
+        self._items: OrderedDict[Hashable, Block] = OrderedDict()
 
-    def get(self, key: Hashable) -> bytes | None:
+    def get(self, key: Hashable) -> Block | None:
         data = self._items.get(key)
         if data is not None:
             self._items.move_to_end(key)
         return data
 
-    def put(self, key: Hashable, data: bytes) -> None:
+    def put(self, key: Hashable, data: Block) -> None:
         if len(data) > self.capacity:
             return
         old = self._items.pop(key, None)
@@ -47,6 +51,40 @@ class MemoryLRU:
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def _libc_allocator() -> tuple[Callable[..., int], Callable[[int], None]] | None:
+    try:
+        libc = ctypes.CDLL(None)
+        memalign, free = libc.posix_memalign, libc.free
+    except (OSError, AttributeError):
+        return None
+    memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
+    memalign.restype = ctypes.c_int
+    free.argtypes = [ctypes.c_void_p]
+    free.restype = None
+    return memalign, free
+
+
+_ALLOCATOR = _libc_allocator()
+
+
+def aligned_buffer(size: int, align: int = 4096) -> memoryview:
+    """Writable, ``align``-aligned memory for a block read with direct I/O, freed when the
+    last view of it goes. Not zero-filled: the read overwrites it, and a zero fill (or a
+    copy out of a reused buffer) is a pass over the whole block that a disk hit needs
+    not make. It comes from the malloc heap, so a block size seen before reuses memory
+    already faulted in rather than touching fresh pages."""
+    if _ALLOCATOR is not None:
+        memalign, free = _ALLOCATOR
+        ptr = ctypes.c_void_p()
+        if memalign(ctypes.byref(ptr), align, size) == 0 and ptr.value:
+            array = (ctypes.c_char * size).from_address(ptr.value)
+            weakref.finalize(array, free, ptr.value)
+            return memoryview(array).cast("B")
+    raw = bytearray(size + align)  # fallback: zero-filled, aligned by hand
+    skip = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % align
+    return memoryview(raw)[skip : skip + size]
 
 
 class _AlignedBuffer(threading.local):
@@ -181,7 +219,9 @@ class DiskCache:
                 self._direct = False  # not supported here: buffered from now on
         return os.open(path, flags, mode), False
 
-    def get(self, url: str, start: int, length: int) -> bytes | None:
+    def get(self, url: str, start: int, length: int, *, upto: bool = False) -> Block | None:
+        """The block of ``length`` bytes at ``start``; with ``upto``, a block stored under
+        that key may be shorter (it ends at the end of its target)."""
         digest = self.key_digest(url, start, length)
         path = self._path(digest)
         size = self.HEADER_SIZE + length
@@ -194,12 +234,14 @@ class DiskCache:
             return None
         try:
             st = os.fstat(fd)
+            if upto and self.HEADER_SIZE < st.st_size < size:
+                size = st.st_size
+                length = size - self.HEADER_SIZE
             if st.st_size != size:
                 raw: bytes | memoryview = b""
             elif direct and size <= self.DIRECT_LIMIT:
-                view = self._buffer.get(size)
-                aligned = _round_up(size, self.ALIGN)
-                n = os.preadv(fd, [view[:aligned]], 0)
+                view = aligned_buffer(_round_up(size, self.ALIGN), self.ALIGN)
+                n = os.preadv(fd, [view], 0)
                 raw = view[: min(n, size)]
             else:
                 if direct:
@@ -223,7 +265,7 @@ class DiskCache:
                 if time.time() - st.st_mtime > self.TOUCH_AFTER:
                     with contextlib.suppress(OSError):
                         os.utime(path)  # recency for LRU eviction, shared across mounts
-                return bytes(body)
+                return body if isinstance(body, memoryview) else bytes(body)
         self.corrupt += 1
         log.warning("disk cache: dropping corrupt block %s (%s bytes %d+%d)", path, url, start, length)
         with contextlib.suppress(OSError):

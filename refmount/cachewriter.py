@@ -93,8 +93,10 @@ class CacheWriter:
             self._failed = True
             log.warning("disk cache: %s; not writing to the disk cache from now on", why)
 
-    def submit(self, url: str, start: int, data: bytes | memoryview) -> None:
-        """Queue a block for writing; never blocks (a full ring drops the block)."""
+    def submit(self, url: str, start: int, data: bytes | memoryview, key_length: int | None = None) -> None:
+        """Queue a block for writing; never blocks (a full ring drops the block). It is
+        stored under (url, start, key_length or its length): a grid block that ends at the
+        end of its target is shorter than the grid."""
         if self._failed or self._view is None or self._notes is None:
             return
         n = len(data)
@@ -110,7 +112,7 @@ class CacheWriter:
         if pos + need - consumed > self.capacity:
             self.stats.cache_writes_dropped += 1
             return
-        digest = self.disk.key_digest(url, start, n)
+        digest = self.disk.key_digest(url, start, key_length or n)
         base = _PAGE + phys
         self._view[base : base + n] = data
         if need > n:

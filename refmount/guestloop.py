@@ -29,35 +29,66 @@ import trio
 log = logging.getLogger(__name__)
 
 
-def _host_wait(loop: asyncio.AbstractEventLoop, original: Callable[..., None]) -> Callable[..., None]:
-    """A replacement for the helper-thread wait of trio's guest tick (see module doc)."""
+class _HostWait:
+    """A replacement for the helper-thread wait of trio's guest tick (see module doc).
 
-    def wait(fn: Callable[[], Any], deliver: Callable[[outcome.Outcome[Any]], None],
-             name: str | None = None) -> None:
+    trio's epoll fd stays registered with the asyncio loop, and one timer stays armed, for
+    the whole run: adding and removing the reader and a timer for every wait (every request,
+    when lightly loaded) cost more than the rest of the wait (perf: epoll_ctl, the timer
+    heap full of cancelled handles). A readiness or timer callback while trio is not
+    waiting is ignored: trio is then running, and its next guest tick polls epoll itself.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, original: Callable[..., None]) -> None:
+        self.loop = loop
+        self.original = original
+        self.deliver: Callable[[outcome.Outcome[Any]], None] | None = None
+        self.io: Any = None
+        self.fd = -1
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = float("inf")
+
+    def __call__(self, fn: Callable[[], Any], deliver: Callable[[outcome.Outcome[Any]], None],
+                 name: str | None = None) -> None:
         try:
-            if fn.__name__ != "get_events":
+            if fn.__name__ != "get_events" or self.deliver is not None:
                 raise LookupError(fn.__name__)
             cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ()),
                              strict=True))
             timeout = float(cells["timeout"])
-            io = cells["self"].runner.io_manager
-            fd = io._epoll.fileno()
+            if self.io is None:
+                io = cells["self"].runner.io_manager
+                fd = io._epoll.fileno()
+                self.loop.add_reader(fd, self._wake)
+                self.io, self.fd = io, fd
         except Exception:  # not the guest tick's wait we know: keep trio's own behaviour
-            original(fn, deliver, name=name)
+            self.original(fn, deliver, name=name)
             return
-        handle: asyncio.TimerHandle | None = None
-
-        def ready() -> None:
-            loop.remove_reader(fd)
-            if handle is not None:
-                handle.cancel()
-            deliver(outcome.capture(io.get_events, 0))
-
-        loop.add_reader(fd, ready)
+        self.deliver = deliver
         if timeout != float("inf"):
-            handle = loop.call_later(max(timeout, 0.0), ready)
+            when = self.loop.time() + max(timeout, 0.0)
+            # An earlier timer already armed only wakes trio early, which is harmless.
+            if self.timer is None or self.timer_at > when:
+                if self.timer is not None:
+                    self.timer.cancel()
+                self.timer, self.timer_at = self.loop.call_at(when, self._timer_fired), when
 
-    return wait
+    def _timer_fired(self) -> None:
+        self.timer, self.timer_at = None, float("inf")
+        self._wake()
+
+    def _wake(self) -> None:
+        deliver, self.deliver = self.deliver, None
+        if deliver is not None:
+            deliver(outcome.capture(self.io.get_events, 0))
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.fd >= 0:
+            with contextlib.suppress(Exception):
+                self.loop.remove_reader(self.fd)
+            self.fd = -1
 
 
 def run(main: Callable[..., Awaitable[None]], *args: Any,
@@ -68,9 +99,9 @@ def run(main: Callable[..., Awaitable[None]], *args: Any,
     loop = asyncio.new_event_loop()
     run_module = trio._core._run
     original = getattr(run_module, "start_thread_soon", None)
-    patched = original is not None
-    if patched:
-        run_module.start_thread_soon = _host_wait(loop, original)
+    host_wait = _HostWait(loop, original) if original is not None else None
+    if host_wait is not None:
+        run_module.start_thread_soon = host_wait
 
     loop_thread = threading.get_ident()
 
@@ -99,8 +130,9 @@ def run(main: Callable[..., Awaitable[None]], *args: Any,
     try:
         loop.run_until_complete(host())
     finally:
-        if patched:
+        if host_wait is not None:
             run_module.start_thread_soon = original
+            host_wait.close()
         with contextlib.suppress(Exception):
             loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()

@@ -4,11 +4,15 @@ Zarr readers read chunks in order, and kerchunk sets usually lay chunks out in t
 inside their target (an HDF5/netCDF file, a GRIB message after another). Each chunk is a key
 of its own, so the kernel's readahead — per file — never sees the pattern, and each chunk
 would cost a round trip. ``TargetReadahead`` watches the ranges of each target fetched on
-demand; once consecutive ones follow each other (each within ``SLACK`` of where the last
-ended), it fetches the stretch of the target that follows, in requests of up to
+demand; once consecutive ones follow each other (each within ``SLACK`` after the furthest
+one read so far, or a few ranges behind it when readers fetch several at once), it fetches the stretch of the target that follows, in requests of up to
 ``REQUEST_LIMIT``, with a window that doubles while the reader keeps up (up to
 ``max_window``). Later ranges inside a prefetched stretch are served from it — or wait for
 it while it is in flight — instead of being requested one by one.
+
+Stretches after the first start and end on the target's ``grid`` (the block size), and
+each whole grid block of a stretch is handed to ``on_block`` (the reader writes it to the
+disk cache as one block instead of one file per key, and later serves keys from it).
 
 Only misses count (a reader served by the disk cache starts nothing), a run that jumps
 elsewhere starts over, and a failed prefetch stops readahead for that run (a stretch
@@ -21,6 +25,7 @@ from __future__ import annotations
 import bisect
 import logging
 from collections import deque
+from collections.abc import Callable
 
 import trio
 
@@ -42,13 +47,18 @@ class _Run:
 
 
 class _Stretch:
-    __slots__ = ("data", "done", "end", "start")
+    __slots__ = ("blocks_from", "data", "done", "end", "start")
 
-    def __init__(self, start: int, end: int) -> None:
+    def __init__(self, start: int, end: int, blocks_from: int) -> None:
         self.start = start
         self.end = end
+        self.blocks_from = blocks_from  # from here on the stretch is whole grid blocks
         self.data: bytes | None = None  # None while in flight, or after a failure
         self.done = trio.Event()
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
 
 
 class TargetReadahead:
@@ -58,29 +68,57 @@ class TargetReadahead:
     REQUEST_LIMIT = 8 * 2**20
     MAX_RUNS = 10_000
 
-    def __init__(self, fetcher: Fetcher, stats: Stats, *, capacity: int, max_window: int) -> None:
+    def __init__(
+        self,
+        fetcher: Fetcher,
+        stats: Stats,
+        *,
+        capacity: int,
+        max_window: int,
+        grid: int,
+        on_block: Callable[[str, int, memoryview], None] | None = None,
+    ) -> None:
         self.fetcher = fetcher
         self.stats = stats
         self.capacity = capacity
         self.max_window = max_window
+        self.grid = grid
+        self.on_block = on_block
         self._runs: dict[str, _Run] = {}
         self._stretches: dict[str, list[_Stretch]] = {}  # per target, sorted by start
         self._fifo: deque[tuple[str, _Stretch]] = deque()
         self._size = 0
 
-    async def lookup(self, url: str, start: int, end: int) -> memoryview | None:
-        """Bytes [start, end) of ``url`` from a prefetched stretch, if one covers them."""
+    async def lookup(self, url: str, start: int, end: int) -> tuple[memoryview | bytes, bool] | None:
+        """Bytes [start, end) of ``url`` from prefetched stretches, if they cover them, and
+        whether those bytes lie in grid blocks handed to ``on_block``."""
         stretches = self._stretches.get(url)
         if not stretches:
             return None
         i = bisect.bisect_right(stretches, start, key=lambda s: s.start) - 1
-        if i < 0 or stretches[i].end < end:
+        if i < 0 or stretches[i].end <= start:
             return None
-        stretch = stretches[i]
+        first = stretches[i]
+        if first.end >= end:
+            view = await self._wait(first, start, end)
+            return None if view is None else (view, first.blocks_from <= start)
+        # A range across the boundary of two stretches (chunk offsets rarely fall on the
+        # grid): join the pieces rather than fetch it on its own.
+        if i + 1 >= len(stretches) or stretches[i + 1].start != first.end or stretches[i + 1].end < end:
+            return None
+        second = stretches[i + 1]
+        head = await self._wait(first, start, first.end)
+        tail = await self._wait(second, second.start, end)
+        if head is None or tail is None:
+            return None
+        return b"".join((head, tail)), first.blocks_from <= start
+
+    @staticmethod
+    async def _wait(stretch: _Stretch, start: int, end: int) -> memoryview | None:
         if stretch.data is None:
             await stretch.done.wait()
-            if stretch.data is None or stretch.end < end:
-                return None  # it failed, or the target ended early: fetch on our own
+        if stretch.data is None or stretch.end < end:
+            return None  # it failed, or the target ended early: fetch on our own
         return memoryview(stretch.data)[start - stretch.start : end - stretch.start]
 
     def note(self, url: str, start: int, end: int, nursery: trio.Nursery | None, *, miss: bool) -> None:
@@ -88,7 +126,9 @@ class TargetReadahead:
         if nursery is None or self.max_window <= 0:
             return
         run = self._runs.get(url)
-        if run is None or abs(start - run.end) > self.SLACK:
+        # Concurrent readers (zarr fetches several chunks at once) report ranges a little
+        # out of order: up to 16 ranges behind the furthest one is still the same run.
+        if run is None or not -max(self.SLACK, 16 * (end - start)) <= start - run.end <= self.SLACK:
             if miss:  # a new run starts only where reads go to the network
                 if len(self._runs) >= self.MAX_RUNS:
                     self._runs.clear()
@@ -97,17 +137,23 @@ class TargetReadahead:
         run.end = max(run.end, end)
         run.streak += 1
         if run.streak >= self.MIN_STREAK and not run.stopped:
-            self._extend(url, run, nursery)
+            self._extend(url, run, nursery, end - start)
 
-    def _extend(self, url: str, run: _Run, nursery: trio.Nursery) -> None:
+    def _extend(self, url: str, run: _Run, nursery: trio.Nursery, span: int) -> None:
         ahead = max(run.ahead, run.end)
         if ahead - run.end >= run.window // 2 and run.window:
             return  # still well ahead of the reader
-        run.window = min(max(run.window * 2, self.FIRST_WINDOW), self.max_window)
+        # Big chunks start with a bigger window: readers (zarr) fetch several at once, and a
+        # window of a chunk or two would fall behind them at once.
+        run.window = min(max(run.window * 2, self.FIRST_WINDOW, 8 * span), self.max_window)
         target = run.end + run.window
         stretches = self._stretches.setdefault(url, [])
         while ahead < target:
-            stretch = _Stretch(ahead, min(ahead + self.REQUEST_LIMIT, target))
+            # End on the grid: every stretch after the first is whole grid blocks.
+            stop = (ahead + self.REQUEST_LIMIT) // self.grid * self.grid
+            if stop <= ahead:
+                stop = _round_up(ahead + 1, self.grid)
+            stretch = _Stretch(ahead, stop, _round_up(ahead, self.grid))
             bisect.insort(stretches, stretch, key=lambda s: s.start)
             self._fifo.append((url, stretch))
             self._size += stretch.end - stretch.start
@@ -119,13 +165,21 @@ class TargetReadahead:
     async def _fetch(self, url: str, stretch: _Stretch, run: _Run) -> None:
         try:
             data = await self.fetcher.cat_range(url, stretch.start, stretch.end, upto=True)
-            if len(data) < stretch.end - stretch.start:  # the target ends here
+            ended = len(data) < stretch.end - stretch.start
+            if ended:  # the target ends here
                 run.stopped = True
                 if stretch in self._stretches.get(url, ()):
                     self._size -= stretch.end - stretch.start - len(data)
                 stretch.end = stretch.start + len(data)
             stretch.data = data
             self.stats.prefetched += len(data)
+            if self.on_block is not None:
+                view = memoryview(data)
+                for pos in range(stretch.blocks_from, stretch.end, self.grid):
+                    # Whole blocks only; the last one may end at the end of the target.
+                    piece = view[pos - stretch.start : pos - stretch.start + self.grid]
+                    if len(piece) == self.grid or ended:
+                        self.on_block(url, pos, piece)
         except Exception as e:  # failing (or starting past the end of the target): stop
             run.stopped = True
             self._drop(url, stretch)

@@ -5,7 +5,11 @@ Strategy (Zarr readers read whole chunks, the kernel asks in ≤1 MiB pieces):
 * a range reference up to ``whole_fetch_limit`` is fetched whole on its first read and
   later reads are served from memory;
 * larger ranges and whole-file targets are read in aligned blocks of ``block_size``,
-  with readahead that doubles while a reader streams sequentially and stops when it seeks.
+  with readahead that doubles while a reader streams sequentially and stops when it seeks;
+* keys read in target order are prefetched across keys (``TargetReadahead``); the
+  prefetched stretches go to the disk cache as *grid blocks* — ``block_size`` pieces at
+  multiples of ``block_size`` in the target, the same keys as whole-file blocks — so a
+  later reader loads one block for many keys and reads the following blocks ahead.
 Every piece is looked up in memory, then on disk, then fetched; concurrent reads of the
 same bytes share one fetch (single-flight). Fetched pieces are written to the disk cache
 in the background, never on the reader's path.
@@ -13,12 +17,14 @@ in the background, never on the reader's path.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Hashable
+from typing import overload
 
 import trio
 
-from .cache import DiskCache, MemoryLRU
+from .cache import Block, DiskCache, MemoryLRU
 from .cachewriter import CacheWriter
 from .fetch import Fetcher, FetchError
 from .prefetch import TargetReadahead
@@ -33,7 +39,7 @@ class _Flight:
 
     def __init__(self) -> None:
         self.done = trio.Event()
-        self.result: bytes | None = None
+        self.result: Block | None = None
         self.error: BaseException | None = None
 
 
@@ -83,8 +89,11 @@ class RefReader:
         # ones have block readahead of their own).
         self.readahead = TargetReadahead(
             fetcher, stats, capacity=min(max(2 * max_readahead, 16 * 2**20), memory.capacity),
-            max_window=max_readahead,
+            max_window=max_readahead, grid=block_size, on_block=self._grid_to_disk,
         )
+        # Per target: the grid block keys were last served from, and up to which block
+        # the disk has been read ahead.
+        self._grid_runs: dict[str, list[int]] = {}
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Where background work (disk writes, readahead) runs: the daemon's nursery."""
@@ -120,13 +129,18 @@ class RefReader:
             start = ref.offset
             key = (url, start, total)
             if self.memory.get(key) is None and key not in self._inflight:
-                ahead = await self.readahead.lookup(url, start, start + total)
-                if ahead is not None:
+                found = await self.readahead.lookup(url, start, start + total)
+                if found is not None:
+                    ahead, in_grid_blocks = found
                     self.stats.prefetch_hits += 1
-                    if off == 0:  # first read of this key: keep it on disk like any fetch
-                        self._to_disk(key, ahead)
+                    if off == 0:  # first read of this key
+                        if not in_grid_blocks:  # keep it on disk like any fetch
+                            self._to_disk(key, ahead)
                         self.readahead.note(url, start, start + total, self._background, miss=False)
                     return ahead[off:end]
+                piece = await self._from_grid(url, start, start + total)
+                if piece is not None:
+                    return piece[off:end]
 
             def fetch_whole() -> Awaitable[bytes]:
                 self.readahead.note(url, start, start + total, self._background, miss=True)
@@ -146,7 +160,7 @@ class RefReader:
     ) -> bytes | memoryview:
         bs = self.block_size
         first, last = off // bs, (end - 1) // bs
-        parts: dict[int, bytes] = {}
+        parts: dict[int, Block] = {}
         if state is not None:
             self._readahead(url, base, total, off, end, state)
 
@@ -192,28 +206,97 @@ class RefReader:
                 continue
             self._background.start_soon(self._prefetch, key, fetch)
 
-    async def _prefetch(self, key: tuple[str, int, int], fetch: Callable[[], Awaitable[bytes]]) -> None:
+    async def _prefetch(
+        self, key: tuple[str, int, int], fetch: Callable[[], Awaitable[bytes]] | None, upto: bool = False
+    ) -> None:
         try:
-            await self._shared(key, fetch)
+            await self._shared(key, fetch, upto=upto)
         except Exception as e:  # the reader will see (and log) the error if it gets there
             log.debug("readahead of %s failed: %s", key, e)
 
-    async def _from_disk(self, key: Hashable) -> bytes | None:
+    # ---- grid blocks: readahead stretches on disk -------------------------------------
+    def _grid_to_disk(self, url: str, start: int, data: memoryview) -> None:
+        if self.disk_writer is not None:  # the last block of a target may be shorter
+            self.disk_writer.submit(url, start, data, key_length=self.block_size)
+
+    async def _from_grid(self, url: str, start: int, end: int) -> memoryview | None:
+        """Bytes [start, end) of ``url`` from grid blocks in memory or on disk, if every
+        block they need is there; the disk is then read ahead while keys follow in order."""
+        bs = self.block_size
+        first, last = start // bs, (end - 1) // bs
+        blocks: list[Block] = []
+        for k in range(first, last + 1):
+            gkey = (url, k * bs, bs)
+            data = self.memory.get(gkey)
+            if data is not None:
+                self.stats.memory_hits += 1
+            else:
+                if gkey not in self._inflight and (
+                    self.disk is None or not self.disk.may_contain(url, k * bs, bs)
+                ):
+                    return None  # not there: no thread hop
+                data = await self._shared(gkey, None, upto=True)
+                if data is None:
+                    return None
+            blocks.append(data)
+        if len(blocks[-1]) < end - last * bs:
+            return None  # the target ends before the key does: let the fetch report it
+        self._grid_readahead(url, last)
+        skip = start - first * bs
+        if first == last:
+            return memoryview(blocks[0])[skip : skip + end - start]
+        return memoryview(b"".join(blocks))[skip : skip + end - start]
+
+    def _grid_readahead(self, url: str, k: int) -> None:
+        """Keys served from grid block ``k``: while they go on in order, load the next
+        blocks on disk in the background (up to ``max_readahead`` ahead)."""
+        run = self._grid_runs.get(url)
+        if run is None:
+            if len(self._grid_runs) >= 10_000:
+                self._grid_runs.clear()
+            self._grid_runs[url] = [k, k]
+            return
+        last, ahead = run
+        run[0] = k
+        if not (last <= k <= last + 1) or self._background is None or self.disk is None:
+            run[1] = k  # a jump: no readahead until keys follow on again
+            return
+        bs = self.block_size
+        stop = k + max(1, self.max_readahead // bs)
+        for j in range(max(ahead, k) + 1, stop + 1):
+            gkey = (url, j * bs, bs)
+            if gkey in self._inflight or self.memory.get(gkey) is not None:
+                continue
+            if not self.disk.may_contain(url, j * bs, bs):
+                stop = j  # the cached part ends here
+                break
+            self._background.start_soon(self._prefetch, gkey, None, True)
+        run[1] = max(ahead, stop)
+
+    async def _from_disk(self, key: Hashable, upto: bool = False) -> Block | None:
         if self.disk is None or not isinstance(key, tuple):
             return None
         url, start, length = key
         if not self.disk.may_contain(url, start, length):
             return None  # a certain miss: no thread hop
         return await trio.to_thread.run_sync(
-            self.disk.get, url, start, length, limiter=self._disk_threads
+            functools.partial(self.disk.get, url, start, length, upto=upto), limiter=self._disk_threads
         )
 
     def _to_disk(self, key: Hashable, data: bytes | memoryview) -> None:
         if self.disk_writer is not None and isinstance(key, tuple):
             self.disk_writer.submit(key[0], key[1], data)  # written by the writer process
 
-    async def _shared(self, key: Hashable, fetch: Callable[[], Awaitable[bytes]]) -> bytes:
-        """Memory, else join an in-flight load of the same bytes, else disk, else fetch."""
+    @overload
+    async def _shared(self, key: Hashable, fetch: Callable[[], Awaitable[bytes]]) -> Block: ...
+    @overload
+    async def _shared(self, key: Hashable, fetch: None, *, upto: bool) -> Block | None: ...
+
+    async def _shared(
+        self, key: Hashable, fetch: Callable[[], Awaitable[bytes]] | None, *, upto: bool = False
+    ) -> Block | None:
+        """Memory, else join an in-flight load of the same bytes, else disk, else fetch
+        (without ``fetch``: None when the bytes are not on disk)."""
         while True:
             cached = self.memory.get(key)
             if cached is not None:
@@ -224,8 +307,9 @@ class RefReader:
                 break
             await flight.done.wait()
             if flight.error is None:
-                assert flight.result is not None
-                return flight.result
+                if flight.result is not None or fetch is None:
+                    return flight.result
+                continue  # a disk-only load found nothing: fetch ourselves
             if not isinstance(flight.error, trio.Cancelled):
                 raise flight.error
             # The leader was cancelled (its reader went away): try again ourselves.
@@ -236,9 +320,11 @@ class RefReader:
             del self._failed[key]
         flight = self._inflight[key] = _Flight()
         try:
-            data = await self._from_disk(key)
+            data = await self._from_disk(key, upto)
             if data is not None:
                 self.stats.disk_hits += 1
+            elif fetch is None:
+                return None
             else:
                 self.stats.misses += 1
                 data = await fetch()

@@ -22,7 +22,9 @@ Peers (columns):
   asynchronous=True)`` for zarr (zarr 3 cannot use a mapper over a synchronous instance);
 * curl -- the same bytes over HTTP (``-r`` ranges from a config file, ``--parallel-max N``);
 * local -- the served file itself from the local page cache (``dd``; open + pread + close per
-  item with the same reader threads as for the mounts).
+  item with the same reader threads as for the mounts); for zarr, the array's files copied
+  to a tmpfs directory (``/dev/shm``) and read by zarr the same way as through a mount: what
+  reading through *any* filesystem costs zarr, with no FUSE and no network at all.
 
 Cold = fresh mount (and, for refmount, a fresh cache_dir), page cache dropped
 (``echo 3 > /proc/sys/vm/drop_caches`` where permitted, else fadvise DONTNEED) and the served
@@ -63,6 +65,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -910,9 +913,34 @@ class Bench:
             self.put_passes(["batch"], "inproc", "inproc",
                             {"refs": str(self.refs_path), "mode": "batch", "prefix": "a/", "n": self.n64})
 
+    def zarr_copy(self, arr: str) -> Path:
+        """The array's keys as files in a tmpfs directory (metadata inline, chunks cut from the
+        served file): the local peer of the zarr rows."""
+        root = Path(tempfile.mkdtemp(prefix="refmount-bench-zarr-", dir="/dev/shm"))
+        refs = json.loads(self.refs_path.read_text())
+        (root / arr).mkdir()
+        with open(self.data, "rb") as f:
+            for key, value in refs.items():
+                if not key.startswith(f"{arr}/"):
+                    continue
+                out = root / key
+                if isinstance(value, str):
+                    out.write_text(value)
+                else:
+                    out.write_bytes(os.pread(f.fileno(), value[2], value[1]))
+        return root
+
     def fam_zarr(self, arr: str) -> None:
         cold, warm = f"zarr_{arr}_cold", f"zarr_{arr}_warm"
         local = str(self.data)
+        if self.want("local") and Path("/dev/shm").is_dir():
+            root = self.zarr_copy(arr)
+            try:
+                self.log(f"[local] zarr {arr} over a copy of its files in {root} (tmpfs)")
+                self.put_passes([cold, warm], "local", "zarr",
+                                {"store": "mount", "root": str(root), "array": arr, "local": local})
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
         if self.want("inproc"):
             self.log(f"[fsspec in-process] zarr {arr} via fsspec.get_mapper('reference://')")
             self.put_passes([cold, warm], "inproc", "zarr",
@@ -1251,7 +1279,8 @@ def main(argv: list[str]) -> int:
         "cat_file per key (N threads) / open().read(1 MiB) for the whole file / get_mapper('reference://ARRAY',"
         " asynchronous=True) for zarr,"
         " warm = second pass on the same instance; curl = one curl process, ranges from a config file,"
-        " --parallel-max N; local = dd / open+pread+close per item on the served file in the page cache.",
+        " --parallel-max N; local = dd / open+pread+close per item on the served file in the page cache;"
+        " for zarr, zarr over a copy of the array's files in tmpfs (/dev/shm).",
         "",
         "### Details per measurement",
         *bench.details,

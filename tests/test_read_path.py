@@ -122,7 +122,7 @@ def test_blocks_written_by_the_writer_process_serve_the_next_mount(srv, tmp_path
     source, path, expected = one_target_set(srv, tmp_path, n=20, size=100 * KiB + 3,
                                             spacing=300 * KiB)
     cache = tmp_path / "cache"
-    m1 = mount(source, f"cache_dir={cache}")
+    m1 = mount(source, f"cache_dir={cache}", "max_readahead=0")  # one block per key
     assert writer_process(m1).is_running()
     for k in expected:
         assert (m1.path / k).read_bytes() == expected[k]
@@ -131,7 +131,7 @@ def test_blocks_written_by_the_writer_process_serve_the_next_mount(srv, tmp_path
     m1.cleanup()
     assert wait_for(lambda: not writer.is_running() or writer.status() == psutil.STATUS_ZOMBIE, 10)
     srv.reset_log()
-    m2 = mount(source, f"cache_dir={cache}")
+    m2 = mount(source, f"cache_dir={cache}", "max_readahead=0")
     for k in expected:
         assert (m2.path / k).read_bytes() == expected[k]
     assert srv.count(path) == 0, "blocks on disk were fetched again"
@@ -186,8 +186,42 @@ def test_keys_read_in_target_order_are_prefetched(srv, tmp_path, mount):
     assert s["prefetch_hits"] >= len(expected) // 2, s
     assert s["prefetched"] > 0 and srv.count(path) < len(expected) // 2, (s, srv.count(path))
     assert not log_lines(m, "read failed")
-    # what came from prefetched stretches is on disk per key, like any fetch
-    assert wait_for(lambda: block_count(cache) == len(expected), 10), block_count(cache)
+
+
+def settled_block_count(cache: Path) -> int:
+    """The number of block files once the writer has stopped adding any."""
+    counts = [-1]
+
+    def settled() -> bool:
+        counts.append(block_count(cache))
+        return counts[-1] == counts[-2] and not list((cache / "blocks").glob("*/*.tmp"))
+
+    assert wait_for(settled, 10, interval=0.3)
+    return counts[-1]
+
+
+def test_prefetched_stretches_are_cached_as_grid_blocks(srv, tmp_path, mount):
+    """Stretches read ahead across keys go to the disk cache as block_size blocks of the
+    target (not a file per key), the last one cut short by the end of the target; the next
+    mount serves every key from them — several keys per block loaded — without a request."""
+    source, path, expected = one_target_set(srv, tmp_path, n=70, size=64 * KiB, spacing=64 * KiB)
+    cache = tmp_path / "cache"
+    keys = [f"c/{i}" for i in range(len(expected))]
+    m1 = mount(source, f"cache_dir={cache}", "block_size=256K")
+    for k in keys:
+        assert (m1.path / k).read_bytes() == expected[k], k
+    assert stats(m1)["prefetch_hits"] >= 60
+    files = settled_block_count(cache)
+    assert files <= len(keys) // 3, files  # 18 grid blocks (4 keys each) + the first few keys
+    m1.cleanup()
+    srv.reset_log()
+    m2 = mount(source, f"cache_dir={cache}", "block_size=256K")
+    for k in keys:
+        assert (m2.path / k).read_bytes() == expected[k], k
+    assert srv.count(path) == 0, "keys in blocks on disk were fetched again"
+    s = stats(m2)
+    assert s["disk_hits"] <= files and s["misses"] == 0, s
+    assert not log_lines(m2, "corrupt")
 
 
 def test_keys_read_out_of_order_are_not_prefetched(srv, tmp_path, mount):
