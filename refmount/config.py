@@ -51,6 +51,7 @@ class MountConfig:
     memory_cache_size: int = 512 * 2**20
     whole_fetch_limit: int = 32 * 2**20
     block_size: int = 4 * 2**20
+    page_push: bool = True  # store chunks already in memory in the kernel's page cache at open
     # fetching
     timeout: float = 30.0
     retries: int = 3
@@ -188,6 +189,8 @@ OPTION_HELP: dict[str, str] = {
     "memory_cache=SIZE": "bound of the in-memory block cache (default 512M)",
     "whole_fetch_limit=SIZE": "range references up to this size are fetched whole (default 32M)",
     "block_size=SIZE": "block size for larger ranges and whole-file targets (default 4M)",
+    "no_page_push": "do not store chunks read ahead in the kernel's page cache when they are "
+                    "opened (each then costs a READ round trip)",
     "timeout=SEC": "time limit for one read's fetch, retries included (default 30)",
     "retries=N": "retries of a failed fetch, with backoff (default 3)",
     "max_connections=N": "concurrent requests to each target host (default 32)",
@@ -214,7 +217,7 @@ def apply_options(cfg: MountConfig, options: list[str]) -> None:
         name = name.strip()
         if name in IGNORED_OPTIONS or name.startswith(("x-systemd.", "x-", "comment=")):
             continue
-        flag_only = {"allow_other", "allow_root", "no_disk_cache", "debug", "recover"}
+        flag_only = {"allow_other", "allow_root", "no_disk_cache", "no_page_push", "debug", "recover"}
         if name in flag_only:
             if sep:
                 raise ConfigError(f"option {name} takes no value")
@@ -245,6 +248,8 @@ def apply_options(cfg: MountConfig, options: list[str]) -> None:
                 cfg.cache_dir = os.path.abspath(value)
             case "no_disk_cache":
                 cfg.disk_cache = False
+            case "no_page_push":
+                cfg.page_push = False
             case "cache_size":
                 cfg.cache_size = parse_size(value)
             case "max_readahead":

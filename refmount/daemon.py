@@ -29,6 +29,7 @@ from .config import MountConfig
 from .fetch import Fetcher
 from .fs import RefFS
 from .mountpoint import MountError, check_mountpoint
+from .pagepush import PagePusher
 from .policy import target_policy
 from .reader import RefReader
 from .redact import RedactingFormatter, redact_url
@@ -143,6 +144,7 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
         tree,
         reader,
         stats,
+        pusher=PagePusher(pyfuse3.notify_store, stats) if cfg.page_push else None,
         uid=cfg.uid,
         gid=cfg.gid,
         umask=cfg.umask,

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import pyfuse3
 
 from .fetch import FetchError
+from .pagepush import PagePusher
 from .reader import ReadState, RefReader
 from .redact import redact_url
 from .refs import Ref, RefKind
@@ -86,6 +87,7 @@ class RefFS(pyfuse3.Operations):
         attr_timeout: float,
         mtime_ns: int,
         info: dict[str, str],
+        pusher: PagePusher | None = None,
     ) -> None:
         super().__init__()
         self.tree = tree
@@ -97,7 +99,9 @@ class RefFS(pyfuse3.Operations):
         self.timeout = attr_timeout
         self.mtime_ns = mtime_ns
         self.info = info  # shown as xattrs on the root
+        self.pusher = pusher
         self._handles: dict[int, _Handle] = {}
+        self._opened: dict[int, int] = {}  # inode -> open handles
         self._next_fh = 1
 
     # ---- attributes ---------------------------------------------------------------------
@@ -204,8 +208,17 @@ class RefFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = self._next_fh
         self._next_fh += 1
-        self._handles[fh] = _Handle(node, await self.tree.ref(node))
+        ref = await self.tree.ref(node)
+        self._handles[fh] = _Handle(node, ref)
         self.stats.open_files += 1
+        others = self._opened.get(inode, 0)
+        self._opened[inode] = others + 1
+        # Bytes read ahead already go to the page cache now: the read then needs no READ.
+        # Only with no other handle open: none of its READs can hold a page (pagepush.py).
+        if self.pusher is not None and not others and self.pusher.wanted(inode):
+            data = self.reader.ready_whole(ref)
+            if data is not None:
+                self.pusher.push(inode, data)
         # The bytes never change: let the kernel keep its page cache across opens.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
@@ -222,11 +235,18 @@ class RefFS(pyfuse3.Operations):
             log.error("read failed: key=%s %s", self.tree.path(h.node).decode(errors="replace"), e)
             raise pyfuse3.FUSEError(errno.EIO) from None
         self.stats.bytes_read += len(data)
+        if self.pusher is not None:
+            self.pusher.given(h.node.ino)
         return data
 
     async def release(self, fh: int) -> None:
-        if self._handles.pop(fh, None) is not None:
+        h = self._handles.pop(fh, None)
+        if h is not None:
             self.stats.open_files -= 1
+            ino = h.node.ino
+            left = self._opened.pop(ino, 1) - 1
+            if left:
+                self._opened[ino] = left
 
     @_guard
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:

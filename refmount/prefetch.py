@@ -5,10 +5,11 @@ inside their target (an HDF5/netCDF file, a GRIB message after another). Each ch
 of its own, so the kernel's readahead — per file — never sees the pattern, and each chunk
 would cost a round trip. ``TargetReadahead`` watches the ranges of each target fetched on
 demand; once consecutive ones follow each other (each within ``SLACK`` after the furthest
-one read so far, or a few ranges behind it when readers fetch several at once), it fetches the stretch of the target that follows, in requests of up to
-``REQUEST_LIMIT``, with a window that doubles while the reader keeps up (up to
-``max_window``). Later ranges inside a prefetched stretch are served from it — or wait for
-it while it is in flight — instead of being requested one by one.
+one read so far, or a few ranges behind it when readers fetch several at once), it fetches
+the stretch of the target that follows, in requests of up to ``REQUEST_LIMIT``, with a
+window that doubles while the reader keeps up (up to ``max_window``). Later ranges inside
+a prefetched stretch are served from it — or wait for it while it is in flight — instead
+of being requested one by one.
 
 Stretches after the first start and end on the target's ``grid`` (the block size), and
 each whole grid block of a stretch is handed to ``on_block`` (the reader writes it to the
@@ -112,6 +113,27 @@ class TargetReadahead:
         if head is None or tail is None:
             return None
         return b"".join((head, tail)), first.blocks_from <= start
+
+    def peek(self, url: str, start: int, end: int) -> tuple[memoryview | bytes, bool] | None:
+        """``lookup`` without waiting: only stretches that have arrived."""
+        stretches = self._stretches.get(url)
+        if not stretches:
+            return None
+        i = bisect.bisect_right(stretches, start, key=lambda s: s.start) - 1
+        if i < 0:
+            return None
+        first = stretches[i]
+        if first.data is None or first.end <= start:
+            return None
+        if first.end >= end:
+            return memoryview(first.data)[start - first.start : end - first.start], first.blocks_from <= start
+        if i + 1 >= len(stretches) or stretches[i + 1].start != first.end:
+            return None
+        second = stretches[i + 1]
+        if second.data is None or second.end < end:
+            return None
+        head = memoryview(first.data)[start - first.start :]
+        return b"".join((head, memoryview(second.data)[: end - second.start])), first.blocks_from <= start
 
     @staticmethod
     async def _wait(stretch: _Stretch, start: int, end: int) -> memoryview | None:

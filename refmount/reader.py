@@ -131,13 +131,9 @@ class RefReader:
             if self.memory.get(key) is None and key not in self._inflight:
                 found = await self.readahead.lookup(url, start, start + total)
                 if found is not None:
-                    ahead, in_grid_blocks = found
-                    self.stats.prefetch_hits += 1
                     if off == 0:  # first read of this key
-                        if not in_grid_blocks:  # keep it on disk like any fetch
-                            self._to_disk(key, ahead)
-                        self.readahead.note(url, start, start + total, self._background, miss=False)
-                    return ahead[off:end]
+                        self._prefetch_hit(key, *found)
+                    return found[0][off:end]
                 piece = await self._from_grid(url, start, start + total)
                 if piece is not None:
                     return piece[off:end]
@@ -149,6 +145,35 @@ class RefReader:
             data = await self._shared(key, fetch_whole)
             return memoryview(data)[off:end]
         return await self._read_blocks(url, ref.offset, total, off, end, state)
+
+    def _prefetch_hit(self, key: tuple[str, int, int], data: Block, in_grid_blocks: bool) -> None:
+        """A key served from a prefetched stretch for the first time."""
+        url, start, length = key
+        self.stats.prefetch_hits += 1
+        if not in_grid_blocks:  # keep it on disk like any fetch
+            self._to_disk(key, data)
+        self.readahead.note(url, start, start + length, self._background, miss=False)
+
+    def ready_whole(self, ref: Ref) -> Block | None:
+        """All bytes of a small range reference if memory has them right now (no I/O, no
+        waiting), counted as its first read: for pushing into the page cache at open."""
+        if ref.kind is not RefKind.RANGE or ref.url is None or not 0 < ref.length <= self.whole_fetch_limit:
+            return None
+        url, start, end = ref.url, ref.offset, ref.offset + ref.length
+        key = (url, start, ref.length)
+        data = self.memory.get(key)
+        if data is not None:
+            self.stats.memory_hits += 1
+            return data
+        found = self.readahead.peek(url, start, end)
+        if found is not None:
+            self._prefetch_hit(key, *found)
+            return found[0]
+        blocks = self._grid_in_memory(url, start, end)
+        if blocks is None:
+            return None
+        self.stats.memory_hits += 1
+        return self._grid_piece(url, blocks, start, end)
 
     def _block(self, url: str, base: int, total: int, b: int) -> tuple[tuple[str, int, int], Callable]:
         start = base + b * self.block_size
@@ -239,6 +264,22 @@ class RefReader:
                 if data is None:
                     return None
             blocks.append(data)
+        return self._grid_piece(url, blocks, start, end)
+
+    def _grid_in_memory(self, url: str, start: int, end: int) -> list[Block] | None:
+        bs = self.block_size
+        blocks = []
+        for k in range(start // bs, (end - 1) // bs + 1):
+            data = self.memory.get((url, k * bs, bs))
+            if data is None:
+                return None
+            blocks.append(data)
+        return blocks
+
+    def _grid_piece(self, url: str, blocks: list[Block], start: int, end: int) -> memoryview | None:
+        """Bytes [start, end) out of the grid blocks that cover them."""
+        bs = self.block_size
+        first, last = start // bs, (end - 1) // bs
         if len(blocks[-1]) < end - last * bs:
             return None  # the target ends before the key does: let the fetch report it
         self._grid_readahead(url, last)

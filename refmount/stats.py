@@ -23,6 +23,7 @@ class Stats:
     disk_hits: int = 0
     misses: int = 0
     cache_writes_dropped: int = 0  # blocks not written to the disk cache: the disk fell behind
+    pushed: int = 0  # bytes stored in the kernel's page cache at open, ahead of the reads
     open_files: int = 0
 
     def as_dict(self) -> dict[str, float | int]:

@@ -218,6 +218,8 @@ def format_stats(stats: dict[str, Any]) -> str:
         ("reads", "FUSE reads"), ("bytes_read", "bytes returned"),
         ("requests", "fetches from targets"), ("bytes_fetched", "bytes fetched"),
         ("merged", "ranges in merged fetches"),
+        ("prefetched", "bytes read ahead across keys"), ("prefetch_hits", "reads served from those"),
+        ("pushed", "bytes stored in the page cache at open"),
         ("memory_hits", "memory cache hits"), ("disk_hits", "disk cache hits"),
         ("misses", "cache misses"), ("cache_writes_dropped", "blocks not written to disk"),
         ("retries", "retries"), ("errors", "errors"),

@@ -37,7 +37,8 @@ PID in ``finally``.
 
 The machine may be shared: before each pass we wait (``--quiet-wait``) for it to be idle, and
 measure the CPU other processes used during the pass (all user+system time minus ours and
-kernel threads). A pass during which others used more than ``--disturbed-load`` cores is redone
+kernel threads) and the CPU the hypervisor took from this VM (steal time). A pass during which
+others (or steal) used more than ``--disturbed-load`` cores is redone
 (``--retries``; a cold pass from a fresh mount); if every attempt was disturbed, the best one is
 shown, marked with a dagger. The details list CPU of the daemon (user/system), nginx and the
 readers, the mount's own counters (xattr ``user.refmount.stats``) and the attempts.
@@ -157,6 +158,7 @@ class Attempt:
     others: float = 0.0  # cores used on average by other processes while it ran
     others_top: str = ""
     missed: float = 0.0  # warm passes: share of the bytes the daemon had to serve (page cache misses)
+    steal: float = 0.0  # cores the hypervisor gave to other machines while this one wanted them
 
 
 def fmt_value(v: float) -> str:
@@ -516,7 +518,7 @@ class Bench:
         h0 = sum(bl.proc_cpu(p) or 0.0 for p in helpers)
         s0 = mount.stats() if mount else None
         snap0 = bl.cpu_by_pid()
-        sys0, own0 = bl.system_cpu(), bl.own_cpu()
+        sys0, own0, steal0 = bl.system_cpu(), bl.own_cpu(), bl.steal_cpu()
         t0 = time.perf_counter()
         try:
             results = runner()
@@ -524,7 +526,7 @@ class Bench:
         except Failed as e:
             results, failure = getattr(e, "partial", []), str(e)
         window = max(time.perf_counter() - t0, 1e-3)
-        sys1, own1 = bl.system_cpu(), bl.own_cpu()
+        sys1, own1, steal = bl.system_cpu(), bl.own_cpu(), bl.steal_cpu() - steal0
         snap1 = bl.cpu_by_pid()
         mine = {*self.nginx.pids(), *self.live_children, *(mount.pids if mount else []), *helpers}
         others, top = bl.others_cpu(sys0, sys1, own1 - own0, snap0, snap1, mine)
@@ -552,17 +554,23 @@ class Bench:
             extra.append("stats " + (", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}"
                                                for k, v in delta.items())
                                      or "unchanged (served by the kernel page cache)"))
+        if steal >= 0.05:
+            extra.append(f"host steal {steal:.2f} s = {steal / window:.2f} cores")
         top_text = ", ".join(f"{name} {cpu:.1f} s" for cpu, name in top if cpu >= 0.05)
-        return Attempt(results, failure, extra, others / window, top_text)
+        return Attempt(results, failure, extra, others / window, top_text,
+                       steal=max(steal - 0.03, 0.0) / window)
 
     def disturbed(self, a: Attempt) -> bool:
-        return bool(a.res) and (a.others > self.args.disturbed_load or a.missed > 0.1)
+        return bool(a.res) and (a.others > self.args.disturbed_load or a.missed > 0.1
+                                or a.steal > self.args.disturbed_load)
 
     @staticmethod
     def why(a: Attempt) -> str:
         if a.missed > 0.1:
             return (f"{100 * a.missed:.0f}% of the bytes missed the page cache (paged out by the VM?)"
                     + (f", other processes used {a.others:.2f} cores" if a.others > 0.05 else ""))
+        if a.steal > a.others:
+            return f"the hypervisor took {a.steal:.2f} cores on average (steal time)"
         return f"other processes used {a.others:.2f} cores on average ({a.others_top})"
 
     def retry_loop(self, make: Callable[[int], Attempt]) -> list[Attempt]:
@@ -1272,7 +1280,8 @@ def main(argv: list[str]) -> int:
         bench.table(),
         "",
         "MB = 10^6 bytes, GB = 10^9 bytes. Bold: refmount misses the goal. '—': not applicable / not run. "
-        "†: every attempt was disturbed by other processes on the machine (best attempt shown). "
+        "†: every attempt was disturbed by other processes on the machine or by the hypervisor "
+        "(steal time; best attempt shown). "
         "‡: warm pass that missed the kernel page cache in every attempt (paged out in between).",
         "Peers: refmount = CLI daemon, defaults + the options above; fsspec.fuse = fsspec.fuse.run(...,"
         f" threads={args.fsspec_fuse_threads}) over ReferenceFileSystem, ops root=''; fsspec in-process = "

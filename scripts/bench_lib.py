@@ -70,6 +70,13 @@ def machine_busy() -> float:
     return (sum(fields[:8]) - idle) / CLK_TCK
 
 
+def steal_cpu() -> float:
+    """CPU seconds the hypervisor gave to others while this VM wanted to run (steal), all cores."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (fields[7] if len(fields) > 7 else 0) / CLK_TCK
+
+
 def cpu_by_pid() -> dict[int, tuple[float, int]]:
     """pid -> (user + system CPU seconds, ppid) for every process and kernel thread."""
     out = {}

@@ -186,6 +186,45 @@ def test_keys_read_in_target_order_are_prefetched(srv, tmp_path, mount):
     assert s["prefetch_hits"] >= len(expected) // 2, s
     assert s["prefetched"] > 0 and srv.count(path) < len(expected) // 2, (s, srv.count(path))
     assert not log_lines(m, "read failed")
+    # chunks read ahead were stored in the page cache when opened: their reads never came
+    assert s["pushed"] >= 32 * 64 * KiB and s["reads"] < len(expected) // 2, s
+
+
+def test_without_page_push_every_chunk_is_a_read(srv, tmp_path, mount):
+    source, _path, expected = one_target_set(srv, tmp_path, n=32, size=64 * KiB, spacing=64 * KiB)
+    m = mount(source, "no_disk_cache", "no_page_push")
+    for i in range(len(expected)):
+        assert (m.path / f"c/{i}").read_bytes() == expected[f"c/{i}"], i
+    s = stats(m)
+    assert s["pushed"] == 0 and s["reads"] >= len(expected) and s["prefetch_hits"] > 0, s
+
+
+def test_page_push_with_many_readers_of_the_same_chunks(srv, tmp_path, mount):
+    """Readers going through the same chunks at once (several opens of a file, READs in
+    flight while another opens it): right bytes for all, and no hang — a store into a page
+    that a pending READ holds would wait for the FUSE thread forever."""
+    source, _path, expected = one_target_set(srv, tmp_path, n=96, size=48 * KiB, spacing=48 * KiB)
+    m = mount(source, "no_disk_cache")
+    keys = [f"c/{i}" for i in range(len(expected))]
+    bad: list[str] = []
+
+    def reader(seed: int) -> None:
+        order = keys[seed % 3:] + keys[: seed % 3]  # slightly staggered, mostly in order
+        for k in order:
+            with open(m.path / k, "rb") as f:
+                first = f.read(1000)
+                data = first + f.read()
+            if data != expected[k]:
+                bad.append(k)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "readers hung"
+    assert not bad, bad[:5]
+    assert stats(m)["pushed"] > 0
 
 
 def settled_block_count(cache: Path) -> int:
