@@ -53,17 +53,17 @@ class MemoryLRU:
         return len(self._items)
 
 
-def _libc_allocator() -> tuple[Callable[..., int], Callable[[int], None]] | None:
+def _libc_allocator() -> tuple[Callable[[int], int], Callable[[int], None]] | None:
     try:
         libc = ctypes.CDLL(None)
-        memalign, free = libc.posix_memalign, libc.free
+        malloc, free = libc.malloc, libc.free
     except (OSError, AttributeError):
         return None
-    memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
-    memalign.restype = ctypes.c_int
+    malloc.argtypes = [ctypes.c_size_t]
+    malloc.restype = ctypes.c_void_p
     free.argtypes = [ctypes.c_void_p]
     free.restype = None
-    return memalign, free
+    return malloc, free
 
 
 _ALLOCATOR = _libc_allocator()
@@ -72,15 +72,16 @@ _ALLOCATOR = _libc_allocator()
 def aligned_buffer(size: int, align: int = 4096) -> memoryview:
     """Writable, ``align``-aligned memory for a block read with direct I/O, freed when the
     last view of it goes. Not zero-filled: the read overwrites it, and a zero fill (or a
-    copy out of a reused buffer) is a pass over the whole block that a disk hit needs
-    not make. It comes from the malloc heap, so a block size seen before reuses memory
-    already faulted in rather than touching fresh pages."""
+    copy out of a reused buffer) is a pass over the whole block that a disk hit need not
+    make. It is a plain ``malloc`` of ``size + align`` used from its first aligned byte:
+    ``posix_memalign`` leaves a small free fragment before every block, and under a mixed
+    load those fragments kept the heap from ever coalescing (RSS doubled in scripts/soak.py)."""
     if _ALLOCATOR is not None:
-        memalign, free = _ALLOCATOR
-        ptr = ctypes.c_void_p()
-        if memalign(ctypes.byref(ptr), align, size) == 0 and ptr.value:
-            array = (ctypes.c_char * size).from_address(ptr.value)
-            weakref.finalize(array, free, ptr.value)
+        malloc, free = _ALLOCATOR
+        ptr = malloc(size + align)
+        if ptr:
+            array = (ctypes.c_char * size).from_address(ptr + (-ptr % align))
+            weakref.finalize(array, free, ptr)
             return memoryview(array).cast("B")
     raw = bytearray(size + align)  # fallback: zero-filled, aligned by hand
     skip = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % align

@@ -65,6 +65,7 @@ def _round_up(n: int, to: int) -> int:
 class TargetReadahead:
     SLACK = 2**20  # a range within this of the last one's end continues the run
     MIN_STREAK = 2  # ranges in a row before prefetching starts
+    BEHIND = 4 * 2**20  # at most this far behind the furthest range is "out of order", not a jump
     FIRST_WINDOW = 2 * 2**20
     REQUEST_LIMIT = 8 * 2**20
     MAX_RUNS = 10_000
@@ -148,9 +149,13 @@ class TargetReadahead:
         if nursery is None or self.max_window <= 0:
             return
         run = self._runs.get(url)
-        # Concurrent readers (zarr fetches several chunks at once) report ranges a little
-        # out of order: up to 16 ranges behind the furthest one is still the same run.
-        if run is None or not -max(self.SLACK, 16 * (end - start)) <= start - run.end <= self.SLACK:
+        span = end - start
+        gap = start - run.end if run is not None else 0
+        if run is not None and -max(self.SLACK, min(4 * span, self.BEHIND)) <= gap < -self.SLACK:
+            # A few ranges behind the furthest one: concurrent readers (zarr fetches several
+            # chunks at once) report ranges a little out of order. Neither progress nor a jump.
+            return
+        if run is None or abs(gap) > self.SLACK:
             if miss:  # a new run starts only where reads go to the network
                 if len(self._runs) >= self.MAX_RUNS:
                     self._runs.clear()
@@ -159,7 +164,7 @@ class TargetReadahead:
         run.end = max(run.end, end)
         run.streak += 1
         if run.streak >= self.MIN_STREAK and not run.stopped:
-            self._extend(url, run, nursery, end - start)
+            self._extend(url, run, nursery, span)
 
     def _extend(self, url: str, run: _Run, nursery: trio.Nursery, span: int) -> None:
         ahead = max(run.ahead, run.end)
@@ -167,7 +172,8 @@ class TargetReadahead:
             return  # still well ahead of the reader
         # Big chunks start with a bigger window: readers (zarr) fetch several at once, and a
         # window of a chunk or two would fall behind them at once.
-        run.window = min(max(run.window * 2, self.FIRST_WINDOW, 8 * span), self.max_window)
+        run.window = min(max(run.window * 2, self.FIRST_WINDOW, min(8 * span, self.REQUEST_LIMIT)),
+                         self.max_window)
         target = run.end + run.window
         stretches = self._stretches.setdefault(url, [])
         while ahead < target:

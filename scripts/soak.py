@@ -335,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
               f"end {rss_end if rss_end is not None else float('nan'):.0f} MiB, "
               f"12 s after the readers stopped {rss_idle if rss_idle is not None else float('nan'):.0f} MiB")
         if dstats:
-            keep = ("reads", "bytes_read", "requests", "bytes_fetched", "memory_hits",
+            keep = ("reads", "bytes_read", "requests", "bytes_fetched", "prefetched", "prefetch_hits",
+                    "pushed", "memory_hits",
                     "disk_hits", "misses", "retries", "errors")
             print("daemon stats:         " + ", ".join(f"{k}={dstats.get(k)}" for k in keep))
         for m in messages[:10]:
