@@ -175,6 +175,7 @@ class RefReader:
             return None
         url, start, end = ref.url, ref.offset, ref.offset + ref.length
         key = (url, start, ref.length)
+        self._follows(url, start, end)  # a first read, pushed or not: keep the order detector current
         if self.memory.get(key) is not None:
             return None
         found = self.readahead.peek(url, start, end)
