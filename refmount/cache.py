@@ -101,11 +101,11 @@ class _AlignedBuffer(threading.local):
         if self.buf is None or len(self.buf) < size:
             # The old map is unmapped once no view of it is left (not closed here: a
             # view may still be alive in a traceback).
-            self.buf = mmap.mmap(-1, _round_up(size, 1 << 20))
+            self.buf = mmap.mmap(-1, round_up(size, 1 << 20))
         return memoryview(self.buf)
 
 
-def _round_up(n: int, to: int) -> int:
+def round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
@@ -241,7 +241,7 @@ class DiskCache:
             if st.st_size != size:
                 raw: bytes | memoryview = b""
             elif direct and size <= self.DIRECT_LIMIT:
-                view = aligned_buffer(_round_up(size, self.ALIGN), self.ALIGN)
+                view = aligned_buffer(round_up(size, self.ALIGN), self.ALIGN)
                 n = os.preadv(fd, [view], 0)
                 raw = view[: min(n, size)]
             else:
@@ -266,7 +266,7 @@ class DiskCache:
                 if time.time() - st.st_mtime > self.TOUCH_AFTER:
                     with contextlib.suppress(OSError):
                         os.utime(path)  # recency for LRU eviction, shared across mounts
-                return body if isinstance(body, memoryview) else bytes(body)
+                return body  # a view of the direct read's buffer, or bytes read buffered
         self.corrupt += 1
         log.warning("disk cache: dropping corrupt block %s (%s bytes %d+%d)", path, url, start, length)
         with contextlib.suppress(OSError):
@@ -299,7 +299,7 @@ class DiskCache:
                 fd, direct = os.open(tmp, flags, 0o644), False
             try:
                 if direct:
-                    aligned = _round_up(size, self.ALIGN)
+                    aligned = round_up(size, self.ALIGN)
                     head = self._buffer.get(self.HEADER_SIZE)[: self.HEADER_SIZE]
                     head[: self.HEADER.size] = header
                     head[self.HEADER.size :] = bytes(self.HEADER_SIZE - self.HEADER.size)

@@ -29,7 +29,7 @@ from typing import IO
 
 import trio
 
-from .cache import DiskCache
+from .cache import DiskCache, round_up
 from .stats import Stats
 
 log = logging.getLogger(__name__)
@@ -37,10 +37,6 @@ log = logging.getLogger(__name__)
 _NOTE = struct.Struct("<QQ32s")  # ring position, length, key digest
 _CONSUMED = struct.Struct("<Q")  # in the ring's first page: end of the last written block
 _PAGE = 4096
-
-
-def _round_up(n: int) -> int:
-    return -(-n // _PAGE) * _PAGE
 
 
 class CacheWriter:
@@ -100,7 +96,7 @@ class CacheWriter:
         if self._failed or self._view is None or self._notes is None:
             return
         n = len(data)
-        need = _round_up(n)
+        need = round_up(n, _PAGE)
         if need > self.capacity // 2 or n > self.disk.capacity // 4:
             return
         pos = self._head
@@ -176,7 +172,7 @@ def _child(notes_fd: int, ring_fd: int, capacity: int, directory: str, cache_siz
             return 0
         pos, n, digest = _NOTE.unpack(note)
         base = _PAGE + pos % capacity
-        need = _round_up(n)
+        need = round_up(n, _PAGE)
         try:
             disk.put_digest(digest, n, view[base : base + need])
         except Exception:  # one bad block must not stop the cache

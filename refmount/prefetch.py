@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import trio
 
+from .cache import round_up
 from .fetch import Fetcher
 from .stats import Stats
 
@@ -56,10 +57,6 @@ class _Stretch:
         self.blocks_from = blocks_from  # from here on the stretch is whole grid blocks
         self.data: bytes | None = None  # None while in flight, or after a failure
         self.done = trio.Event()
-
-
-def _round_up(n: int, to: int) -> int:
-    return -(-n // to) * to
 
 
 class TargetReadahead:
@@ -92,8 +89,26 @@ class TargetReadahead:
         self._size = 0
 
     async def lookup(self, url: str, start: int, end: int) -> tuple[memoryview | bytes, bool] | None:
-        """Bytes [start, end) of ``url`` from prefetched stretches, if they cover them, and
-        whether those bytes lie in grid blocks handed to ``on_block``."""
+        """Bytes [start, end) of ``url`` from prefetched stretches, if they cover them (waiting
+        for stretches in flight), and whether those bytes lie in grid blocks handed to
+        ``on_block``."""
+        cover = self._covering(url, start, end)
+        if cover is None:
+            return None
+        for stretch in cover:
+            if stretch.data is None:
+                await stretch.done.wait()
+        return self._join(cover, start, end)
+
+    def peek(self, url: str, start: int, end: int) -> tuple[memoryview | bytes, bool] | None:
+        """``lookup`` without waiting: only stretches that have arrived."""
+        cover = self._covering(url, start, end)
+        return None if cover is None else self._join(cover, start, end)
+
+    def _covering(self, url: str, start: int, end: int) -> list[_Stretch] | None:
+        """The stretch, arrived or in flight, that covers [start, end), or two adjacent ones:
+        chunk offsets rarely fall on the grid, and a range across the boundary of two
+        stretches is joined from them rather than fetched on its own."""
         stretches = self._stretches.get(url)
         if not stretches:
             return None
@@ -102,47 +117,22 @@ class TargetReadahead:
             return None
         first = stretches[i]
         if first.end >= end:
-            view = await self._wait(first, start, end)
-            return None if view is None else (view, first.blocks_from <= start)
-        # A range across the boundary of two stretches (chunk offsets rarely fall on the
-        # grid): join the pieces rather than fetch it on its own.
-        if i + 1 >= len(stretches) or stretches[i + 1].start != first.end or stretches[i + 1].end < end:
-            return None
-        second = stretches[i + 1]
-        head = await self._wait(first, start, first.end)
-        tail = await self._wait(second, second.start, end)
-        if head is None or tail is None:
-            return None
-        return b"".join((head, tail)), first.blocks_from <= start
-
-    def peek(self, url: str, start: int, end: int) -> tuple[memoryview | bytes, bool] | None:
-        """``lookup`` without waiting: only stretches that have arrived."""
-        stretches = self._stretches.get(url)
-        if not stretches:
-            return None
-        i = bisect.bisect_right(stretches, start, key=lambda s: s.start) - 1
-        if i < 0:
-            return None
-        first = stretches[i]
-        if first.data is None or first.end <= start:
-            return None
-        if first.end >= end:
-            return memoryview(first.data)[start - first.start : end - first.start], first.blocks_from <= start
-        if i + 1 >= len(stretches) or stretches[i + 1].start != first.end:
-            return None
-        second = stretches[i + 1]
-        if second.data is None or second.end < end:
-            return None
-        head = memoryview(first.data)[start - first.start :]
-        return b"".join((head, memoryview(second.data)[: end - second.start])), first.blocks_from <= start
+            return [first]
+        if i + 1 < len(stretches) and stretches[i + 1].start == first.end and stretches[i + 1].end >= end:
+            return [first, stretches[i + 1]]
+        return None
 
     @staticmethod
-    async def _wait(stretch: _Stretch, start: int, end: int) -> memoryview | None:
-        if stretch.data is None:
-            await stretch.done.wait()
-        if stretch.data is None or stretch.end < end:
-            return None  # it failed, or the target ended early: fetch on our own
-        return memoryview(stretch.data)[start - stretch.start : end - stretch.start]
+    def _join(cover: list[_Stretch], start: int, end: int) -> tuple[memoryview | bytes, bool] | None:
+        pieces = []
+        for stretch in cover:
+            if stretch.data is None:
+                return None  # in flight, or it failed: fetch on our own
+            pieces.append(memoryview(stretch.data)[max(start, stretch.start) - stretch.start :
+                                                   min(end, stretch.end) - stretch.start])
+        if sum(len(p) for p in pieces) < end - start:
+            return None  # the target ended early
+        return (pieces[0] if len(pieces) == 1 else b"".join(pieces)), cover[0].blocks_from <= start
 
     def note(self, url: str, start: int, end: int, nursery: trio.Nursery | None, *, miss: bool) -> None:
         """A range of ``url`` was read: a fetch on demand (``miss``) or from a stretch."""
@@ -180,8 +170,8 @@ class TargetReadahead:
             # End on the grid: every stretch after the first is whole grid blocks.
             stop = (ahead + self.REQUEST_LIMIT) // self.grid * self.grid
             if stop <= ahead:
-                stop = _round_up(ahead + 1, self.grid)
-            stretch = _Stretch(ahead, stop, _round_up(ahead, self.grid))
+                stop = round_up(ahead + 1, self.grid)
+            stretch = _Stretch(ahead, stop, round_up(ahead, self.grid))
             bisect.insort(stretches, stretch, key=lambda s: s.start)
             self._fifo.append((url, stretch))
             self._size += stretch.end - stretch.start
