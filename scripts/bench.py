@@ -24,7 +24,11 @@ Peers (columns):
 * local -- the served file itself from the local page cache (``dd``; open + pread + close per
   item with the same reader threads as for the mounts); for zarr, the array's files copied
   to a tmpfs directory (``/dev/shm``) and read by zarr the same way as through a mount: what
-  reading through *any* filesystem costs zarr, with no FUSE and no network at all.
+  reading through *any* filesystem costs zarr, with no FUSE and no network at all. In the
+  disk-cache warm rows of the whole file and the 1 MiB refs, the same bytes read from the
+  local disk (the one under the cache directory) with the page cache dropped: the served
+  file with ``dd``, and the 1 MiB refs copied out as 1,024 plain files read by the same
+  reader as through the mount -- what the disk itself gives that pattern.
 
 Cold = fresh mount (and, for refmount, a fresh cache_dir), page cache dropped
 (``echo 3 > /proc/sys/vm/drop_caches`` where permitted, else fadvise DONTNEED) and the served
@@ -91,7 +95,7 @@ PEER_TITLES = {
     "fsspec-fuse": "fsspec.fuse",
     "inproc": "fsspec in-process",
     "curl": "curl",
-    "local": "local file (page cache)",
+    "local": "local (page cache; disk in disk-warm rows)",
 }
 WORKLOADS = ["seq", "m1", "f64", "batch", "zarr"]
 
@@ -619,16 +623,22 @@ class Bench:
                 self.put(rid, peer, None, chosen.failure or "error", extra)
 
     def measure(self, rid: str, peer: str, runner: Callable[[], list[dict[str, Any]]],
-                cold: bool = True) -> None:
-        """A pass of a peer without a mount (local, curl), retried while disturbed."""
+                cold: bool = True, from_disk: bool = False) -> None:
+        """A pass of a peer without a mount (local, curl), retried while disturbed.
+        ``from_disk``: the page cache is dropped and left empty (the pass reads the disk)."""
         if self.row(rid) is None:
             return
 
+        def from_disk_runner() -> list[dict[str, Any]]:
+            # Dropped here, after attempt() has made sure the served file is resident.
+            self.log(f"  page cache dropped ({bl.drop_page_cache([self.work])}), not re-read")
+            return runner()
+
         def make(_: int) -> Attempt:
             quiet = self.wait_quiet()
-            if cold:
+            if cold and not from_disk:
                 self.prepare_cold()
-            return self.attempt(runner, quiet=quiet)
+            return self.attempt(from_disk_runner if from_disk else runner, quiet=quiet)
 
         self.record([rid], peer, self.retry_loop(make))
 
@@ -871,6 +881,9 @@ class Bench:
             self.log("[local] dd of the served file from the page cache")
             self.measure("seq_cold", "local", lambda: self.dd(self.data))
             self.measure("seq_warm", "local", lambda: self.dd(self.data), cold=False)
+            if self.row("seq_disk") is not None:
+                self.log("[local] dd of the served file from the disk (page cache dropped)")
+                self.measure("seq_disk", "local", lambda: self.dd(self.data), from_disk=True)
         if self.want("curl"):
             self.log("[curl] whole file")
             self.measure("seq_cold", "curl", lambda: self.curl(None, 1))
@@ -899,6 +912,16 @@ class Bench:
             spec = {"local": str(self.data), "n": n, "length": length, "threads": threads}
             self.measure(rid, "local", lambda: self.run_child("local", spec, self.timeout))
             self.measure(warm, "local", lambda: self.run_child("local", spec, self.timeout), cold=False)
+            if fam == "m1" and self.row(disk) is not None:
+                copy = self.local_files(prefix, n, length)
+                try:
+                    self.log(f"[local] {fam} x{threads}: {n:,} plain files in {copy} read from the "
+                             "disk (page cache dropped)")
+                    fspec = self.files_spec(copy, prefix, n, length, threads)
+                    self.measure(disk, "local", lambda: self.run_child("files", fspec, self.timeout),
+                                 from_disk=True)
+                finally:
+                    shutil.rmtree(copy, ignore_errors=True)
         if self.want("curl"):
             self.log(f"[curl] {fam} x{threads}: ranges from a config file")
             ranges = [(i * length, length) for i in range(n)]
@@ -914,6 +937,17 @@ class Bench:
                     peer, f"{fam}-x{threads}", rid, warm, disk,
                     lambda mnt: lambda: self.run_child(
                         "files", self.files_spec(mnt, prefix, n, length, threads), self.timeout))
+
+    def local_files(self, prefix: str, n: int, length: int) -> Path:
+        """Keys PREFIX0 .. PREFIX{n-1} (``length`` bytes each, in order in the served file) as
+        plain files on the disk under the cache directory: the local peer of a disk-warm row."""
+        root = Path(tempfile.mkdtemp(prefix="local-files-", dir=self.work))
+        (root / prefix).mkdir(parents=True, exist_ok=True)
+        with open(self.data, "rb") as f:
+            for i in range(n):
+                (root / f"{prefix}{i}").write_bytes(os.pread(f.fileno(), length, i * length))
+        os.sync()
+        return root
 
     def fam_batch(self) -> None:
         if self.want("inproc"):
