@@ -1323,6 +1323,8 @@ def main(argv: list[str]) -> int:
         " asynchronous=True) for zarr,"
         " warm = second pass on the same instance; curl = one curl process, ranges from a config file,"
         " --parallel-max N; local = dd / open+pread+close per item on the served file in the page cache;"
+        " in the disk-cache warm rows, the same bytes from the disk under the cache directory with the"
+        " page cache dropped (dd of the served file; the 1 MiB refs as plain files, same reader);"
         " for zarr, zarr over a copy of the array's files in tmpfs (/dev/shm).",
         "",
         "### Details per measurement",
