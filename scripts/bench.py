@@ -940,7 +940,8 @@ class Bench:
 
     def local_files(self, prefix: str, n: int, length: int) -> Path:
         """Keys PREFIX0 .. PREFIX{n-1} (``length`` bytes each, in order in the served file) as
-        plain files on the disk under the cache directory: the local peer of a disk-warm row."""
+        plain files in the work directory, on the disk that holds the cache directory too: the
+        local peer of a disk-warm row."""
         root = Path(tempfile.mkdtemp(prefix="local-files-", dir=self.work))
         (root / prefix).mkdir(parents=True, exist_ok=True)
         with open(self.data, "rb") as f:
