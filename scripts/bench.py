@@ -119,6 +119,8 @@ def make_rows(readers: list[int], n64: int, n1m: int) -> list[Row]:
     rows = [
         Row("seq_cold", "whole file `[url]`: cold sequential read, dd bs=1M", "MB/s",
             "≥ 700 MB/s", 700),
+        Row("seq_cold_nodisk", "whole file: cold sequential read, refmount `-o no_disk_cache` (what "
+            "writing the disk cache costs)", "MB/s"),
         Row("seq_warm", "whole file: second read (warm, same mount)", "GB/s", "≥ 3 GB/s", 3),
         Row("seq_disk", "whole file: disk-cache warm (remount, page cache dropped)", "GB/s",
             "≥ 1 GB/s", 1),
@@ -497,6 +499,8 @@ class Bench:
         rewarm = self.rewarm_server()
         if rewarm:
             extra.append(rewarm)
+        # Last thing before the pass: how fast this VM hands out memory right now.
+        extra.append(f"fresh memory {bl.fresh_memory_rate():.2f} GiB/s just before the pass")
         with (profile or (lambda: contextlib.nullcontext({})))() as box:
             att = self._attempt(runner, mount, extra)
             box["res"] = att.res[0] if att.res else None
@@ -656,18 +660,20 @@ class Bench:
         self.record(rids, peer, self.retry_loop(make))
 
     # ---- mounts ---------------------------------------------------------------------------
-    def refmount_options(self, cache_dir: Path, tag: str) -> str:
+    def refmount_options(self, cache_dir: Path, tag: str, extra: str = "") -> str:
         opts = [f"cache_dir={cache_dir}", f"log={self.logs / f'refmount-{tag}.log'}"]
         if re.search(r"\bcache_size=", self.refmount_help):
             opts.append(f"cache_size={max(2 * self.size, 4 * GiB)}")
         if self.args.refmount_opts:
             opts.append(self.args.refmount_opts)
+        if extra:
+            opts.append(extra)
         return ",".join(opts)
 
-    def mount_refmount(self, cache_dir: Path, tag: str) -> Mount:
+    def mount_refmount(self, cache_dir: Path, tag: str, extra_opts: str = "") -> Mount:
         mnt = self.mnt_root / "refmount"
         cmd = [str(self.refmount_bin), str(self.refs_path), str(mnt), "-o",
-               self.refmount_options(cache_dir, tag)]
+               self.refmount_options(cache_dir, tag, extra_opts)]
         self.log(f"  $ {shlex.join(cmd)}")
         t0 = time.perf_counter()
         try:
@@ -719,19 +725,20 @@ class Bench:
         else:
             self.live_mounts.pop(m.mnt, None)
 
-    def mount(self, peer: str, cache_dir: Path | None, tag: str) -> Mount:
+    def mount(self, peer: str, cache_dir: Path | None, tag: str, extra_opts: str = "") -> Mount:
         if peer == "refmount":
             assert cache_dir is not None
-            return self.mount_refmount(cache_dir, tag)
+            return self.mount_refmount(cache_dir, tag, extra_opts)
         return self.mount_fsspec_fuse()
 
     def mount_session(self, peer: str, tag: str, cold: str, warm: str | None, disk: str | None,
                       runner: Callable[[Path], Callable[[], list[dict[str, Any]]]],
                       verify: Callable[[Path], None] | None = None,
-                      profile: str = "") -> None:
+                      profile: str = "", extra_opts: str = "") -> None:
         """Fresh mount (fresh cache_dir, page cache dropped): cold pass; warm pass on the same
         mount; then (refmount) unmount, drop the page cache, remount with the same cache_dir:
-        disk-cache warm pass. A disturbed cold or disk pass is redone from a fresh (re)mount."""
+        disk-cache warm pass. A disturbed cold or disk pass is redone from a fresh (re)mount.
+        ``extra_opts``: more refmount -o options for this session."""
         if all(self.row(r) is None for r in (cold, warm, disk) if r):
             return
         cache_dir = self.cache_root / tag if peer == "refmount" else None
@@ -750,7 +757,7 @@ class Bench:
             quiet = self.wait_quiet()
             self.prepare_cold()
             try:
-                m = self.mount(peer, cache_dir, tag + ("-remount" if remount else ""))
+                m = self.mount(peer, cache_dir, tag + ("-remount" if remount else ""), extra_opts)
             except Failed as e:
                 return Attempt([], str(e))
             cur.append(m)
@@ -896,6 +903,9 @@ class Bench:
                 self.mount_session(peer, "seq", "seq_cold", "seq_warm", "seq_disk",
                                    lambda mnt: lambda: self.dd(mnt / "data.bin"),
                                    verify=self.verify_whole(peer))
+        if self.want("refmount"):
+            self.mount_session("refmount", "seq-nodisk", "seq_cold_nodisk", None, None,
+                               lambda mnt: lambda: self.dd(mnt / "data.bin"), extra_opts="no_disk_cache")
 
     def files_spec(self, mnt: Path, prefix: str, n: int, length: int, threads: int) -> dict[str, Any]:
         return {"dir": str(mnt), "prefix": prefix, "n": n, "length": length, "threads": threads,
@@ -1118,6 +1128,10 @@ class Bench:
             f"- proactive reclaim: {bl.damon_reclaim() or 'none seen'} (page cache idle that long may be "
             "gone before a warm pass; the served file is re-read before each pass when it is not all "
             "resident, and the mount's own counters in the details show reads that missed the page cache)",
+            f"- free page reporting (virtio-balloon): {bl.free_page_reporting() or 'not seen'}. Memory a "
+            "process touches for the first time then comes back from the host at a fraction of the "
+            "usual speed; each pass's details give the rate measured just before it ('fresh memory'), "
+            "and zarr's output array, the mount's page cache and every peer's buffers pay it",
             f"- local disk: the served file re-read from disk after drop_caches at "
             f"{self.disk_fact()} (the device under refmount's cache_dir too)",
             f"- data: {self.data} ({self.size / GiB:g} GiB); cold = {self.cold_method} + served file "
