@@ -1131,7 +1131,8 @@ class Bench:
             f"- free page reporting (virtio-balloon): {bl.free_page_reporting() or 'not seen'}. Memory a "
             "process touches for the first time then comes back from the host at a fraction of the "
             "usual speed; each pass's details give the rate measured just before it ('fresh memory'), "
-            "and zarr's output array, the mount's page cache and every peer's buffers pay it",
+            "and whatever a pass allocates anew (zarr's output array, the page cache a mount fills) "
+            "may pay it",
             f"- local disk: the served file re-read from disk after drop_caches at "
             f"{self.disk_fact()} (the device under refmount's cache_dir too)",
             f"- data: {self.data} ({self.size / GiB:g} GiB); cold = {self.cold_method} + served file "

@@ -324,8 +324,8 @@ def fresh_memory_rate(size: int = 64 * 2**20) -> float:
     """GiB/s at which a new numpy array of ``size`` bytes is first written (numpy asks for
     transparent huge pages for big arrays, as for zarr's output arrays): 6-7 on this VM while
     the guest's free memory is backed by the host, 0.35-0.8 once free page reporting has
-    handed it back (a few seconds after it was freed). Every peer that fills memory (an
-    output array, a page cache, a read buffer) pays this."""
+    handed it back (within ten seconds of its being freed). What a pass allocates anew (an
+    output array, the page cache a mount fills) may pay this; reused buffers do not."""
     import numpy as np
 
     t0 = time.perf_counter()
