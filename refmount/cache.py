@@ -137,10 +137,17 @@ class DiskCache:
     ALIGN = 4096
     DIRECT_LIMIT = 16 * 2**20  # larger blocks (rare: whole-fetched big ranges) go buffered
     RETRY_WRITES_AFTER = 60.0
+    COPY_BELOW = 128 * 1024  # smaller blocks read directly are copied out of their buffer
     TOUCH_AFTER = 600.0  # refresh a hit's mtime (its LRU recency) at most every 10 minutes
 
-    def __init__(self, directory: str, capacity: int, *, direct_io: bool = True) -> None:
+    def __init__(self, directory: str, capacity: int, *, direct_io: bool = True,
+                 target_key: Callable[[str], str] | None = None) -> None:
         self.directory = directory
+        # What a reference's URL means depends on the mount (a relative path on SOURCE's
+        # directory, remote_protocol, remote_options such as an endpoint): keys are made from
+        # ``target_key(url)``, so that mounts sharing the directory never share bytes of
+        # different targets that happen to be written alike.
+        self._target_key = target_key
         self.root = os.path.join(directory, "blocks")
         self.capacity = capacity
         self.direct_io = direct_io
@@ -159,8 +166,9 @@ class DiskCache:
         self.corrupt = 0
         self.write_errors = 0
 
-    @staticmethod
-    def key_digest(url: str, start: int, length: int) -> bytes:
+    def key_digest(self, url: str, start: int, length: int) -> bytes:
+        if self._target_key is not None:
+            url = self._target_key(url)
         return hashlib.sha256(f"{url}\0{start}\0{length}".encode()).digest()
 
     def _path(self, digest: bytes) -> str:
@@ -246,14 +254,19 @@ class DiskCache:
                 raw = view[: min(n, size)]
             else:
                 if direct:
+                    # Too big for one aligned buffer: read it buffered. The descriptor is
+                    # closed before it is replaced, and never closed twice: by then its
+                    # number may belong to another thread's file.
                     os.close(fd)
+                    fd = -1
                     fd = os.open(path, os.O_RDONLY)
                 raw = os.pread(fd, size, 0)
         except OSError as e:
             log.warning("disk cache: cannot read %s: %s", path, e.strerror)
             return None
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         if len(raw) == size:
             magic, n, checksum, key = self.HEADER.unpack_from(raw)
             body = raw[self.HEADER_SIZE :]
@@ -266,6 +279,10 @@ class DiskCache:
                 if time.time() - st.st_mtime > self.TOUCH_AFTER:
                     with contextlib.suppress(OSError):
                         os.utime(path)  # recency for LRU eviction, shared across mounts
+                if isinstance(body, memoryview) and len(body) < self.COPY_BELOW:
+                    # A view keeps the whole aligned buffer (header and padding: 12 KiB for
+                    # a 1 KiB chunk) alive, and the memory cache counts only the chunk.
+                    return bytes(body)
                 return body  # a view of the direct read's buffer, or bytes read buffered
         self.corrupt += 1
         log.warning("disk cache: dropping corrupt block %s (%s bytes %d+%d)", path, url, start, length)

@@ -8,6 +8,7 @@ argv, to keep secrets out of ``ps``) and reports readiness on an inherited pipe.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import logging
 import logging.handlers
@@ -112,7 +113,13 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
         merge_gap=cfg.merge_gap,
         merge_limit=cfg.block_size,
     )
-    disk = DiskCache(cfg.cache_dir, cfg.cache_size) if cfg.disk_cache else None
+    disk = None
+    if cfg.disk_cache:
+        # A reference's URL is resolved like the fetcher does (SOURCE's directory,
+        # remote_protocol), and the storage options (endpoint, ...) are part of the key.
+        options = hashlib.sha256(json.dumps(cfg.remote_options, sort_keys=True, default=str).encode())
+        tag, full_url = options.hexdigest()[:16], fetcher.policy.full_url
+        disk = DiskCache(cfg.cache_dir, cfg.cache_size, target_key=lambda url: f"{tag}\0{full_url(url)}")
     reader = RefReader(
         fetcher,
         MemoryLRU(cfg.memory_cache_size),

@@ -95,6 +95,15 @@ async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False
                 # Retried: a proxy or cache may answer so once; a server that never honours
                 # ranges uses up the retries in well under a second.
                 raise ShortRead(f"server ignored the Range request (200 for bytes {start}-{end - 1})")
+            if r.content_length is None:
+                # No length given (chunked): read no more than asked for, plus one byte to
+                # tell a longer body — never the whole object into memory.
+                body = bytearray()
+                while len(body) <= end and (piece := await r.content.read(end + 1 - len(body))):
+                    body += piece
+                if len(body) > end:
+                    raise ShortRead(f"server ignored the Range request (200 for bytes 0-{end - 1})")
+                return bytes(body)
         else:
             raise ShortRead(f"unexpected HTTP status {r.status} for a range request")
         return await r.read()
@@ -341,20 +350,28 @@ class Fetcher:
         lo, hi = group[0].start, max(w.end for w in group)
         self._busy[url] = self._busy.get(url, 0) + 1
         try:
-            data = await self._cat_range(url, lo, hi)
-            if len(group) > 1:
-                self.stats.merged += len(group)
-            for w in group:
-                w.data = data[w.start - lo : w.end - lo] if len(group) > 1 else data
+            try:
+                data = await self._cat_range(url, lo, hi)
+            except Exception as e:
+                if len(group) == 1 or (isinstance(e, FetchError) and e.timed_out):
+                    raise
+                # One bad range (a reference past the end of its target) must not fail
+                # the good ones merged with it: each is asked for on its own.
+                async with trio.open_nursery() as nursery:
+                    for w in group:
+                        nursery.start_soon(self._fetch_alone, url, w)
+            else:
+                if len(group) > 1:
+                    self.stats.merged += len(group)
+                for w in group:
+                    w.data = data[w.start - lo : w.end - lo] if len(group) > 1 else data
         except Exception as e:  # each waiter raises it; the nursery must not see it
             for w in group:
                 w.error = e
-        except BaseException:  # cancelled: unmounting
-            for w in group:
-                w.error = FetchError(url, "request cancelled")
-            raise
         finally:
             for w in group:
+                if w.data is None and w.error is None:  # cancelled: unmounting
+                    w.error = FetchError(url, "request cancelled")
                 w.done.set()
             if (busy := self._busy[url] - 1) > 0:
                 self._busy[url] = busy
@@ -363,6 +380,12 @@ class Fetcher:
             freed = self._freed.pop(url, None)
             if freed is not None:
                 freed.set()
+
+    async def _fetch_alone(self, url: str, w: _Wanted) -> None:
+        try:
+            w.data = await self._cat_range(url, w.start, w.end)
+        except Exception as e:
+            w.error = e
 
     async def _cat_range(self, url: str, start: int, end: int, upto: bool = False) -> bytes:
         fs, path = self.resolve(url)

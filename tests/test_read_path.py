@@ -287,3 +287,21 @@ def test_transient_errors_during_readahead_do_not_fail_reads(srv, tmp_path, moun
     for i in range(3, len(expected)):
         assert (m.path / f"c/{i}").read_bytes() == expected[f"c/{i}"], i
     assert not log_lines(m, "read failed")
+
+
+def test_mounts_sharing_a_cache_never_share_bytes_of_different_targets(srv, tmp_path, mount):
+    """Two reference sets in two directories name the same relative path, "data.bin", for
+    different files, and a third names a served file the same way; all share one cache
+    directory: each mount serves its own bytes."""
+    cache = tmp_path / "cache"
+    got = {}
+    for name in ("a", "b"):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "data.bin").write_bytes(name.encode() * 1000)
+        (d / "refs.json").write_text(json.dumps({"k": ["data.bin", 0, 100], "w": ["data.bin"]}))
+        m = mount(d / "refs.json", f"cache_dir={cache}")
+        got[name] = ((m.path / "k").read_bytes(), (m.path / "w").read_bytes())
+        m.cleanup()
+    assert got["a"] == (b"a" * 100, b"a" * 1000)
+    assert got["b"] == (b"b" * 100, b"b" * 1000)

@@ -1,0 +1,148 @@
+"""The fetcher and the disk cache without a mount: merged requests that fail, HTTP servers
+that ignore Range requests, blocks read back from the cache directory."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+from aiohttp import web
+
+from refmount.cache import DiskCache, aligned_buffer, round_up
+from refmount.fetch import Fetcher, FetchError, ShortRead, http_range
+from refmount.policy import TargetPolicy
+from refmount.stats import Stats
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def fetcher(root: Path, **kw) -> Fetcher:
+    return Fetcher({}, TargetPolicy([str(root)], str(root), None), timeout=10, retries=1,
+                   max_connections=4, stats=Stats(), **kw)
+
+
+def test_a_bad_range_merged_with_good_ones_fails_alone(tmp_path):
+    """Ranges asked for together are merged; when the merged request fails because one of
+    them lies past the end of the target, the others are still served."""
+    blob = bytes(range(200))
+    (tmp_path / "t.bin").write_bytes(blob)
+    f = fetcher(tmp_path, merge_gap=64 * 1024)
+    got: dict[str, object] = {}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            f.attach(nursery)
+
+            async def one(name: str, start: int, end: int) -> None:
+                try:
+                    got[name] = await f.cat_range("t.bin", start, end)
+                except FetchError as e:
+                    got[name] = e
+
+            nursery.start_soon(one, "good", 0, 100)
+            nursery.start_soon(one, "good2", 120, 140)
+            nursery.start_soon(one, "past the end", 150, 250)
+
+    trio.run(main)
+    assert got["good"] == blob[:100]
+    assert got["good2"] == blob[120:140]
+    assert isinstance(got["past the end"], FetchError)
+
+
+class RangeIgnoringServer:
+    """aiohttp on loopback answering every GET with 200 and a chunked body of ``size``
+    bytes (no Content-Length, Range ignored); counts the bytes it managed to send."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.sent = 0
+        self.url = ""
+        self._ready = threading.Event()
+        self._stop: object = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200)
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        piece = b"x" * 2**16
+        try:
+            while self.sent < self.size:
+                await resp.write(piece)
+                self.sent += len(piece)
+        except (ConnectionError, RuntimeError):
+            pass  # the client went away
+        return resp
+
+    def _run(self) -> None:
+        import asyncio
+
+        async def serve() -> None:
+            app = web.Application()
+            app.router.add_get("/{name}", self._handle)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.url = f"http://127.0.0.1:{port}/big.bin"
+            stop = asyncio.Event()
+            self._stop = (asyncio.get_running_loop(), stop)
+            self._ready.set()
+            await stop.wait()
+            await runner.cleanup()
+
+        asyncio.run(serve())
+
+    def __enter__(self) -> RangeIgnoringServer:
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        loop, stop = self._stop  # type: ignore[misc]
+        loop.call_soon_threadsafe(stop.set)
+        self._thread.join(10)
+
+
+def test_a_server_ignoring_range_is_not_downloaded_whole():
+    """A 200 without a length, for a range at offset 0, is read only up to one byte past
+    the range and refused: the object (256 MiB here) is never read into memory."""
+    import asyncio
+
+    from fsspec.implementations.http import HTTPFileSystem
+
+    with RangeIgnoringServer(256 * 2**20) as server:
+
+        async def main() -> None:
+            fs = HTTPFileSystem(asynchronous=True)
+            try:
+                with pytest.raises(ShortRead):
+                    await http_range(fs, server.url, 0, 4096)
+            finally:
+                session = await fs.set_session()
+                await session.close()
+
+        asyncio.run(main())
+    assert server.sent < 64 * 2**20, f"the server sent {server.sent} bytes for a 4 KiB range"
+
+
+def test_small_blocks_read_from_disk_do_not_keep_their_read_buffer(tmp_path):
+    """A block read with direct I/O lands in an aligned buffer with its 4 KiB header; a
+    small block is copied out, so the memory cache (which counts only the block) does not
+    hold 12 KiB for every 1 KiB chunk. Big blocks stay views: no copy of megabytes."""
+    disk = DiskCache(str(tmp_path), 2**30)
+    for length in (1000, 2**20):
+        data = bytes(range(256)) * (length // 256) + bytes(length % 256)
+        padded = aligned_buffer(round_up(length, 4096))  # like the writer's ring
+        padded[:length] = data
+        padded[length:] = bytes(len(padded) - length)
+        disk.put_digest(disk.key_digest("u", 0, length), length, padded)
+        got = disk.get("u", 0, length)
+        assert got is not None and bytes(got) == data
+        if length < DiskCache.COPY_BELOW:
+            assert isinstance(got, bytes)
+        elif disk._direct:
+            assert isinstance(got, memoryview)
