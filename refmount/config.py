@@ -8,6 +8,7 @@ process over a pipe (never argv, so secrets in ``remote_options`` stay out of ``
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,8 +113,9 @@ def split_options(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def parse_size(text: str) -> int:
-    """'512M', '10G', '4096', '1.5GiB' -> bytes."""
+def parse_size(text: str, name: str = "") -> int:
+    """'512M', '10G', '4096', '1.5GiB' -> bytes (``name``: the option, for errors)."""
+    what = f"{name}: " if name else ""
     t = text.strip().upper().removesuffix("IB").removesuffix("B")
     mult = 1
     for suffix, m in (("K", 2**10), ("M", 2**20), ("G", 2**30), ("T", 2**40)):
@@ -123,9 +125,11 @@ def parse_size(text: str) -> int:
     try:
         value = float(t)
     except ValueError:
-        raise ConfigError(f"not a size: {text!r} (use e.g. 4096, 64M, 10G)") from None
+        raise ConfigError(f"{what}not a size: {text!r} (use e.g. 4096, 64M, 10G)") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{what}not a size: {text!r} (use e.g. 4096, 64M, 10G)")
     if value < 0:
-        raise ConfigError(f"size must not be negative: {text!r}")
+        raise ConfigError(f"{what}size must not be negative: {text!r}")
     return int(value * mult)
 
 
@@ -146,11 +150,15 @@ def _json_option(name: str, value: str) -> dict[str, Any]:
     return obj
 
 
-def _int(name: str, value: str, base: int = 10) -> int:
+def _int(name: str, value: str, base: int = 10, *, lo: int | None = None, hi: int | None = None) -> int:
     try:
-        return int(value, base)
+        v = int(value, base)
     except ValueError:
         raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        fmt = "{:o}" if base == 8 else "{}"
+        raise ConfigError(f"{name} must be from {fmt.format(lo)} to {fmt.format(hi)}, got {value!r}")
+    return v
 
 
 def _float(name: str, value: str) -> float:
@@ -158,6 +166,8 @@ def _float(name: str, value: str) -> float:
         v = float(value)
     except ValueError:
         raise ConfigError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(v):  # trio's deadlines and the kernel's timeouts take finite numbers
+        raise ConfigError(f"{name} must be a finite number of seconds, got {value!r}")
     if v <= 0:
         raise ConfigError(f"{name} must be positive, got {value!r}")
     return v
@@ -215,7 +225,7 @@ def apply_options(cfg: MountConfig, options: list[str]) -> None:
     for opt in options:
         name, sep, value = opt.partition("=")
         name = name.strip()
-        if name in IGNORED_OPTIONS or name.startswith(("x-systemd.", "x-", "comment=")):
+        if name in IGNORED_OPTIONS or name == "comment" or name.startswith(("x-systemd.", "x-")):
             continue
         flag_only = {"allow_other", "allow_root", "no_disk_cache", "no_page_push", "debug", "recover"}
         if name in flag_only:
@@ -235,11 +245,11 @@ def apply_options(cfg: MountConfig, options: list[str]) -> None:
             case "allow_root":
                 cfg.allow_root = True
             case "uid":
-                cfg.uid = _int(name, value)
+                cfg.uid = _int(name, value, lo=0, hi=2**32 - 2)
             case "gid":
-                cfg.gid = _int(name, value)
+                cfg.gid = _int(name, value, lo=0, hi=2**32 - 2)
             case "umask":
-                cfg.umask = _int(name, value, 8) & 0o777
+                cfg.umask = _int(name, value, 8, lo=0, hi=0o777)
             case "fsname":
                 cfg.fsname = value
             case "subtype":
@@ -251,17 +261,17 @@ def apply_options(cfg: MountConfig, options: list[str]) -> None:
             case "no_page_push":
                 cfg.page_push = False
             case "cache_size":
-                cfg.cache_size = parse_size(value)
+                cfg.cache_size = parse_size(value, name)
             case "max_readahead":
-                cfg.max_readahead = parse_size(value)
+                cfg.max_readahead = parse_size(value, name)
             case "read_ahead_kb":
                 cfg.read_ahead_kb = max(_int(name, value), 0)
             case "memory_cache":
-                cfg.memory_cache_size = parse_size(value)
+                cfg.memory_cache_size = parse_size(value, name)
             case "whole_fetch_limit":
-                cfg.whole_fetch_limit = parse_size(value)
+                cfg.whole_fetch_limit = parse_size(value, name)
             case "block_size":
-                cfg.block_size = max(parse_size(value), 4096)
+                cfg.block_size = max(parse_size(value, name), 4096)
             case "timeout":
                 cfg.timeout = _float(name, value)
             case "retries":
@@ -269,13 +279,15 @@ def apply_options(cfg: MountConfig, options: list[str]) -> None:
             case "max_connections":
                 cfg.max_connections = max(_int(name, value), 1)
             case "merge_gap":
-                cfg.merge_gap = -1 if value in ("off", "-1") else parse_size(value)
+                cfg.merge_gap = -1 if value in ("off", "-1") else parse_size(value, name)
             case "attr_timeout":
                 cfg.attr_timeout = _float(name, value)
             case "max_tasks":
                 cfg.max_tasks = max(_int(name, value), 1)
             case "log":
-                cfg.log = value
+                # The daemon changes to / before it opens the log: a relative path is
+                # taken relative to where refmount was started.
+                cfg.log = value if value in ("stderr", "syslog") else os.path.abspath(value)
             case "log_level":
                 if value.lower() not in ("debug", "info", "warning", "error"):
                     raise ConfigError(f"log_level must be debug, info, warning or error: {value!r}")

@@ -271,7 +271,9 @@ def test_allow_other(mount, datasets):
 
 
 @pytest.mark.parametrize("opts", [("no_disk_cache", "timeout=20", "log_level=warning"),
-                                  ("cache_dir", "log_level=info")], ids=["no-disk", "cache-dir"])
+                                  ("cache_dir", "log_level=info"),
+                                  ("no_disk_cache", "comment=x-gvfs-show", "umask=027")],
+                         ids=["no-disk", "cache-dir", "fstab-comment"])
 def test_options_accepted(mount, datasets, tmp_path, opts):
     opts = [f"cache_dir={tmp_path / 'my cache dir'}" if o == "cache_dir" else o for o in opts]
     m = mount(datasets.refs["nc4_local"], *opts)

@@ -110,9 +110,11 @@ def test_mountpoint_is_a_file(mount_fails, datasets, tmp_path):
 
 @pytest.mark.parametrize(
     "opt", ["no_such_option=1", "remote_options=not-json", "target_options=[1]",
-            "timeout=soon", "uid=someone", "log_level=loud"],
+            "timeout=soon", "uid=someone", "log_level=loud", "timeout=nan", "attr_timeout=inf",
+            "uid=-5", "gid=1099511627776", "umask=1022", "cache_size=nan"],
     ids=["unknown", "remote-options-not-json", "target-options-not-object", "timeout",
-         "uid", "log-level"],
+         "uid", "log-level", "timeout-nan", "attr-timeout-inf", "uid-negative", "gid-too-big",
+         "umask-not-a-mode", "cache-size-nan"],
 )
 def test_bad_option(mount_fails, datasets, opt):
     mount_fails(datasets.refs["hand_local"], opt, must_mention=(opt.split("=")[0],))
@@ -206,3 +208,10 @@ def test_bad_keys_skip(mount, tmp_path):
         found.update(f if rel == "." else f"{rel}/{f}" for f in filenames)
     assert found == {"good/file", "top"}
     assert (m / "good/file").read_bytes() == b"fine"
+
+
+@pytest.mark.parametrize("refs", [[["a", "b"]], "x", 5], ids=["list", "string", "number"])
+def test_version_1_refs_that_is_not_an_object(mount_fails, tmp_path, refs):
+    """Not an empty mount: the set is refused, naming the section."""
+    src = write(tmp_path, "refs.json", json.dumps({"version": 1, "refs": refs}))
+    mount_fails(src, must_mention=("'refs'",))

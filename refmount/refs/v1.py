@@ -382,6 +382,19 @@ def _read_section(open_stream: Opener, name: str, prefix: str, backend: Any) -> 
     return None
 
 
+def _refs_must_be_an_object(open_stream: Opener, name: str, backend: Any) -> None:
+    """Raise unless 'refs' is absent or an object (only 'gen' may then make references)."""
+    with open_stream() as f:
+        try:
+            for prefix, event, _ in backend.parse(f):
+                if prefix == "refs":
+                    if event != "start_map":
+                        raise ReferenceSetError(f"{name}: 'refs' must be an object of key: reference")
+                    return
+        except ijson.JSONError as e:
+            raise _json_error(name, e) from None
+
+
 def read_v1(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any = ijson) -> None:
     version = _read_section(open_stream, name, "version", backend)
     if version != 1 or isinstance(version, bool):
@@ -399,10 +412,14 @@ def read_v1(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any 
             try:
                 add = builder.add_value
                 render = templates.render_url
+                n = 0
                 for key, value in backend.kvitems(f, "refs", use_float=True):
                     add(key, value, render)
+                    n += 1
             except ijson.JSONError as e:
                 raise _json_error(name, e) from None
+        if n == 0:  # kvitems yields nothing for a 'refs' that is not an object: say so
+            _refs_must_be_an_object(open_stream, name, backend)
         for i, entry in enumerate(gen):
             expand_gen(entry, i, templates, builder)
 
