@@ -555,3 +555,15 @@ def test_broken_record_files_give_eio(broken_records, mount):
     assert (m / "noraw" / "0").read_bytes() == bytes([200, 201])
     assert sorted(os.listdir(m / "rawonly")) == [".zarray", "1"]
     assert (m / "rawonly" / "1").read_bytes() == b"r1"
+
+
+def test_bad_array_key_is_skipped_or_refused(mount, mount_fails, tmp_path):
+    """An array whose '.zarray' key cannot be a path: refused by default, and with
+    bad_keys=skip the array is left out while the rest mounts (it was an AssertionError)."""
+    meta = {".zgroup": {"zarr_format": 2}, "v/.zarray": ZARRAY_V, "x/../y/.zarray": ZARRAY_V}
+    src = _write_set(tmp_path / "dotdot.parquet", json.dumps({"metadata": meta, "record_size": 2}))
+    mount_fails(src, *OPTS, must_mention=("x/../y/.zarray",))
+    m = mount(src, *OPTS, "bad_keys=skip")
+    assert sorted(os.listdir(m)) == [".zgroup", "v"]
+    assert sorted(os.listdir(m / "v")) == [".zarray", "0", "1"]
+    assert (m / "v" / "1").read_bytes() == b"\x02"

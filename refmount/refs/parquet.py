@@ -133,6 +133,9 @@ def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str)
         if key == ".zarray" or key.endswith("/.zarray"):
             arrays.append(_array_spec(name, key, value))
     index = KeyIndex(builder.finish())
+    # With bad_keys=skip, an array whose '.zarray' key cannot be a path is skipped whole.
+    skipped = set(builder.skipped)
+    arrays = [a for a in arrays if f"{a.path}/.zarray" not in skipped]
     return ParquetSet(root, record_size, index, sorted(arrays, key=lambda a: a.path))
 
 
