@@ -258,6 +258,20 @@ def test_bad_base64(mount_fails, tmp_path):
     expect_errors(mount_fails, v0_cases(tmp_path, {k: "base64:" + v for k, v in payloads.items()}))
 
 
+def test_line_wrapped_base64_is_decoded(mount, tmp_path):
+    """base64 with line breaks (base64.encodebytes, MIME) is valid base64; junk is not
+    (test_bad_base64)."""
+    import base64
+
+    blob = bytes(range(256)) * 3
+    wrapped = base64.encodebytes(blob).decode()
+    assert "\n" in wrapped.strip()
+    src = write(tmp_path / "wrapped.json", {"w": "base64:" + wrapped, "crlf": "base64:Zm9v\r\nYmFy\r\n"})
+    m = mount(src, "no_disk_cache")
+    assert (m / "w").read_bytes() == blob
+    assert (m / "crlf").read_bytes() == b"foobar"
+
+
 def test_huge_inline_value_is_served_exactly(mount, tmp_path):
     """A 32 MiB inline value (43 MiB of base64 in the JSON): mounted, sized and served
     byte for byte."""

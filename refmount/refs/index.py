@@ -344,10 +344,19 @@ def _encodable(s: str) -> bool:
     return True
 
 
+_ASCII_SPACE = {ord(c): None for c in " \t\n\r\f\v"}
+
+
 def decode_inline(key: str, value: str) -> bytes:
     if value.startswith("base64:"):
         try:
             return base64.b64decode(value[7:], validate=True)
+        except (binascii.Error, ValueError):
+            pass
+        try:
+            # Line-wrapped base64 (base64.encodebytes, MIME) is valid; other junk is refused,
+            # not skipped over as a lenient decoder would.
+            return base64.b64decode(value[7:].translate(_ASCII_SPACE), validate=True)
         except (binascii.Error, ValueError):
             raise ReferenceSetError(f"key {_short(key)}: invalid base64 data") from None
     try:
