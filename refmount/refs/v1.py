@@ -23,32 +23,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from jinja2 import StrictUndefined, TemplateError, nodes
-from jinja2.sandbox import SandboxedEnvironment, SecurityError
+from jinja2.sandbox import SecurityError
 
 from .index import IndexBuilder
 from .jsonrefs import Opener, _json_error
 from .model import INT64_MAX, ReferenceSetError
+from .sandbox import MAX_RENDERED, BoundedSandbox
 
 RENDER_SECONDS = 2.0  # one template rendering may take at most this long
-MAX_RENDERED = 1 << 20  # and produce at most this many characters
 GEN_BATCH = 1 << 18  # products evaluated per batch (bounds memory)
 MAX_PRODUCTS = 1 << 36
-
-
-class _LimitedSandbox(SandboxedEnvironment):
-    """The sandbox, plus a bound on string/sequence repetition (``'a' * 10**12``)."""
-
-    intercepted_binops = frozenset({"*", "**"})
-
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "**" and isinstance(right, int) and abs(right) > 1024:
-            raise SecurityError("exponent too large")
-        if operator == "*":
-            for seq, n in ((left, right), (right, left)):
-                sized = isinstance(seq, str | list | tuple | bytes) and isinstance(n, int)
-                if sized and len(seq) * n > MAX_RENDERED:
-                    raise SecurityError("repetition result too large")
-        return super().call_binop(context, operator, left, right)
 
 
 class _Watchdog:
@@ -95,7 +79,7 @@ class TemplateSet:
     ``{{`` become functions called with keyword arguments (``{{f(c='text')}}``)."""
 
     def __init__(self, templates: dict[str, Any], name: str, watchdog: _Watchdog) -> None:
-        self.env = _LimitedSandbox(undefined=StrictUndefined, autoescape=False)
+        self.env = BoundedSandbox(undefined=StrictUndefined, autoescape=False)
         self.name = name
         self.watchdog = watchdog
         self.plain: dict[str, str] = {}
@@ -130,7 +114,7 @@ class TemplateSet:
             out = _bounded(template, context)
         except SecurityError as e:
             raise ReferenceSetError(f"{self.name}: {where}: template refused by sandbox: {e}") from None
-        except (TemplateError, TimeoutError, ArithmeticError, TypeError, ValueError) as e:
+        except (TemplateError, TimeoutError, ArithmeticError, TypeError, ValueError, MemoryError) as e:
             raise ReferenceSetError(f"{self.name}: {where}: template failed: {e}") from None
         finally:
             self.watchdog.started = None
