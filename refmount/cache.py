@@ -139,6 +139,7 @@ class DiskCache:
     RETRY_WRITES_AFTER = 60.0
     COPY_BELOW = 128 * 1024  # smaller blocks read directly are copied out of their buffer
     TOUCH_AFTER = 600.0  # refresh a hit's mtime (its LRU recency) at most every 10 minutes
+    STALE_TMP_AFTER = 3600.0  # a temporary block file older than this was left by a crash
 
     def __init__(self, directory: str, capacity: int, *, direct_io: bool = True,
                  target_key: Callable[[str], str] | None = None) -> None:
@@ -163,6 +164,7 @@ class DiskCache:
         # positives (hash collisions, blocks evicted since) only cost a lookup; blocks
         # written by another mount after our scan are not seen (they are fetched again).
         self._present: bytearray | None = None  # None until the first scan: assume yes
+        self._marked_before_scan: list[bytes] = []  # blocks written while the scan ran
         self.corrupt = 0
         self.write_errors = 0
 
@@ -193,9 +195,14 @@ class DiskCache:
     def mark(self, digest: bytes) -> None:
         """Note a block as (soon) on disk."""
         present = self._present
-        if present is not None:
-            bit = self._bit(digest)
-            present[bit >> 3] |= 1 << (bit & 7)
+        if present is None:
+            with self._lock:
+                if self._present is None:  # the first scan may have listed its directory already
+                    self._marked_before_scan.append(digest)
+                    return
+                present = self._present
+        bit = self._bit(digest)
+        present[bit >> 3] |= 1 << (bit & 7)
 
     def _presence_from(self, names: list[str]) -> bytearray:
         present = bytearray(1 << (self.PRESENCE_BITS - 3))
@@ -215,6 +222,10 @@ class DiskCache:
                 n = len(present)
                 merged = int.from_bytes(present, "little") | int.from_bytes(self._present, "little")
                 present = bytearray(merged.to_bytes(n, "little"))
+            for digest in self._marked_before_scan:
+                bit = self._bit(digest)
+                present[bit >> 3] |= 1 << (bit & 7)
+            self._marked_before_scan = []
             self._present = present
 
     def _open(self, path: str, flags: int, mode: int = 0o644) -> tuple[int, bool]:
@@ -367,11 +378,19 @@ class DiskCache:
             with contextlib.suppress(OSError):
                 for entry in os.scandir(sub.path):
                     if entry.name.endswith(".tmp"):
-                        continue  # being written (or left by a crash: overwritten next time)
+                        self._remove_if_stale(entry)  # else being written: not a block yet
+                        continue
                     with contextlib.suppress(OSError):
                         st = entry.stat(follow_symlinks=False)
                         out.append((st.st_mtime, st.st_size, entry.path))
         return out
+
+    def _remove_if_stale(self, entry: os.DirEntry) -> None:
+        """A temporary file is renamed within a second of its creation; one this old was
+        left by a writer that died, and would take disk space no eviction accounts for."""
+        with contextlib.suppress(OSError):
+            if time.time() - entry.stat(follow_symlinks=False).st_mtime > self.STALE_TMP_AFTER:
+                os.unlink(entry.path)
 
     def _scan_total(self) -> int:
         return sum(size for _, size, _ in self._files())
