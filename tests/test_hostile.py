@@ -258,6 +258,24 @@ def test_bad_base64(mount_fails, tmp_path):
     expect_errors(mount_fails, v0_cases(tmp_path, {k: "base64:" + v for k, v in payloads.items()}))
 
 
+def test_utf16_surrogate_escapes(mount, mount_fails, tmp_path):
+    """A JSON key with a lone surrogate escape is not Unicode text: refused, not renamed
+    (yajl turned it into '?'); a surrogate pair (an emoji, as json.dumps writes it) is one
+    character and mounts under its UTF-8 name."""
+    lone_key = tmp_path / "lone-key.json"
+    lone_key.write_text('{"ok": "fine", "a\\ud800b": "x"}')
+    lone_value = tmp_path / "lone-value.json"
+    lone_value.write_text('{"ok": "fine", "v": "\\udc00z"}')
+    expect_errors(mount_fails, {"lone-key": (lone_key, (), ("not valid Unicode",)),
+                                "lone-value": (lone_value, (), ("not valid Unicode",))})
+    pair = write(tmp_path / "pair.json", {"d/c\U0001f600": "smile", "e": "\u00e9"})
+    assert "\\ud83d\\ude00" in pair.read_text()
+    m = mount(pair, "no_disk_cache")
+    assert os.listdir(m / "d") == ["c\U0001f600"]
+    assert (m / "d" / "c\U0001f600").read_bytes() == b"smile"
+    assert (m / "e").read_bytes() == "\u00e9".encode()
+
+
 def test_line_wrapped_base64_is_decoded(mount, tmp_path):
     """base64 with line breaks (base64.encodebytes, MIME) is valid base64; junk is not
     (test_bad_base64)."""

@@ -19,7 +19,7 @@ import zstandard
 
 from ..config import MountConfig
 from .index import INDEX_FORMAT, IndexBuilder, KeyIndex, summary_metadata, write_index
-from .jsonrefs import IntegerOverflow, Opener, detect_version, read_v0
+from .jsonrefs import IntegerOverflow, Opener, SurrogateEscapes, SurrogateWatch, detect_version, read_v0
 from .model import Ref, ReferenceSetError, RefKind
 from .parquet import load_parquet_set, parquet_root
 from .source import open_source, source_identity
@@ -50,13 +50,19 @@ def build_index(source: str, target_options: dict, bad_keys: str = "error") -> I
     def opener():
         return open_source(source, target_options)
 
+    def watched():
+        return SurrogateWatch(opener())
+
     try:
         try:
-            return _build(opener, source, bad_keys, ijson)
+            return _build(watched, source, bad_keys, ijson)
         except IntegerOverflow:
             log.warning("%s has integers beyond 64 bits: parsing again with the slower Python "
                         "parser", source)
-            return _build(opener, source, bad_keys, ijson.get_backend("python"))
+        except SurrogateEscapes:
+            log.info("%s has UTF-16 surrogate escapes: parsing again with the slower Python "
+                     "parser, which keeps them exactly", source)
+        return _build(opener, source, bad_keys, ijson.get_backend("python"))
     except ReferenceSetError:
         raise
     except (OSError, EOFError, ValueError, zstandard.ZstdError, lzma.LZMAError, zlib.error) as e:

@@ -7,6 +7,7 @@ each entry goes straight into the columnar IndexBuilder.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -23,6 +24,40 @@ Opener = Callable[[], IO[bytes]]
 class IntegerOverflow(ReferenceSetError):
     """yajl (the C parser) stops at integers beyond 64 bits; such files are valid JSON and
     are read again with ijson's pure-Python parser."""
+
+
+class SurrogateEscapes(ReferenceSetError):
+    """yajl decodes a lone ``\\uD800``-``\\uDFFF`` escape in a key to ``?`` (silently renaming
+    the key) and fails on one in a value; such files are read again with the pure-Python
+    parser, which keeps surrogates exactly (a lone one is then refused as not Unicode)."""
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class SurrogateWatch:
+    """A binary stream passed through to yajl, raising SurrogateEscapes at the first UTF-16
+    surrogate escape (a pair, as for an emoji, too: rare enough to take the slow path)."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self._tail = b""  # an escape may straddle two reads
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._stream.read(n)
+        if data and (b"\\u" in data or b"\\" in self._tail) and _SURROGATE_ESCAPE.search(self._tail + data):
+            raise SurrogateEscapes("UTF-16 surrogate escapes")
+        self._tail = data[-5:]
+        return data
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self) -> SurrogateWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _json_error(name: str, err: Exception) -> ReferenceSetError:
