@@ -567,3 +567,39 @@ def test_bad_array_key_is_skipped_or_refused(mount, mount_fails, tmp_path):
     assert sorted(os.listdir(m)) == [".zgroup", "v"]
     assert sorted(os.listdir(m / "v")) == [".zarray", "0", "1"]
     assert (m / "v" / "1").read_bytes() == b"\x02"
+
+
+def test_size_zero_is_whole_only_at_offset_zero(mount, tmp_path):
+    """As fsspec's LazyReferenceMapper reads a row: offset 0 and size 0 is the whole target;
+    size 0 at another offset is an empty range (it served the whole target); a negative
+    size or offset is an error for the keys of that record file only."""
+    target = tmp_path / "target.bin"
+    target.write_bytes(bytes(range(256)) * 4)
+    root = tmp_path / "zero.parquet"
+    root.mkdir()
+    meta = {".zgroup": {"zarr_format": 2}, "v/.zarray": {**ZARRAY_V, "shape": [4]},
+            "n/.zarray": ZARRAY_V}
+    (root / ".zmetadata").write_text(json.dumps({"metadata": meta, "record_size": 2}))
+    (root / "v").mkdir()
+    (root / "n").mkdir()
+    pq.write_table(pa.table({
+        "path": pa.array([str(target), str(target)], pa.string()),
+        "offset": pa.array([0, 10], pa.int64()), "size": pa.array([0, 0], pa.int64()),
+        "raw": pa.array([None, None], pa.binary())}), root / "v" / "refs.0.parq")
+    pq.write_table(pa.table({
+        "path": pa.array([str(target), str(target)], pa.string()),
+        "offset": pa.array([10, 20], pa.uint64()), "size": pa.array([3, 2], pa.uint64()),
+        "raw": pa.array([None, None], pa.binary())}), root / "v" / "refs.1.parq")
+    pq.write_table(pa.table({
+        "path": pa.array([str(target), str(target)], pa.string()),
+        "offset": pa.array([0, 10], pa.int64()), "size": pa.array([4, -5], pa.int64()),
+        "raw": pa.array([None, None], pa.binary())}), root / "n" / "refs.0.parq")
+    m = mount(root, *OPTS)
+    assert (m / "v" / "0").read_bytes() == target.read_bytes()
+    assert os.stat(m / "v" / "1").st_size == 0
+    assert (m / "v" / "1").read_bytes() == b""
+    assert (m / "v" / "2").read_bytes() == bytes([10, 11, 12])
+    assert (m / "v" / "3").read_bytes() == bytes([20, 21])
+    for key in ("n/0", "n/1"):
+        assert_eio(m / key)
+    assert (m / "v" / "2").read_bytes() == bytes([10, 11, 12])

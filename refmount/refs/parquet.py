@@ -139,6 +139,16 @@ def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str)
     return ParquetSet(root, record_size, index, sorted(arrays, key=lambda a: a.path))
 
 
+def _int64(column: pa.Array, name: str, where: str) -> np.ndarray:
+    """An integer column as int64 (nulls as 0): unsigned columns too, when they fit."""
+    column = column.fill_null(0)
+    if pa.types.is_unsigned_integer(column.type) and len(column) and (
+        pc.max(column).as_py() > np.iinfo(np.int64).max
+    ):
+        raise ReferenceSetError(f"{where}: column '{name}' has values beyond 64-bit integers")
+    return column.cast(pa.int64()).to_numpy()
+
+
 class Record:
     """The references of one record file, decoded to arrays (no object per row)."""
 
@@ -174,19 +184,22 @@ class Record:
                 raise ReferenceSetError(f"{where}: column '{c}' must be integers, not {cols[c].type}")
         self.path = path
         self.raw = raw
-        self.offset = cols["offset"].fill_null(0).to_numpy() if "offset" in cols else None
-        size = cols["size"].fill_null(0).to_numpy() if "size" in cols else np.zeros(n, np.int64)
+        self.offset = _int64(cols["offset"], "offset", where) if "offset" in cols else None
+        size = _int64(cols["size"], "size", where) if "size" in cols else np.zeros(n, np.int64)
         has_raw = raw.is_valid().to_numpy(zero_copy_only=False) if raw is not None else np.zeros(n, bool)
         has_path = path.is_valid().to_numpy(zero_copy_only=False) if path is not None else np.zeros(n, bool)
         self.exists = has_raw | has_path
         raw_len = pc.binary_length(raw).fill_null(0).to_numpy() if raw is not None else 0
-        # Size of each key: raw length; range size; -1 for a whole-file target (size 0).
-        self.sizes = np.where(has_raw, raw_len, np.where(size > 0, size, -1)).astype(np.int64)
-        self.sizes[~self.exists] = -2
-        if (self.sizes[has_path & ~has_raw] < -1).any() or (
-            self.offset is not None and (self.offset[has_path & ~has_raw] < 0).any()
-        ):
+        offset = self.offset if self.offset is not None else np.zeros(n, np.int64)
+        ranged = has_path & ~has_raw
+        if (size[ranged] < 0).any() or (offset[ranged] < 0).any():
             raise ReferenceSetError(f"{where}: negative offset or size")
+        # Size of each key: raw length; range size; -1 for a whole-file target. As fsspec's
+        # reader has it, only offset 0 *and* size 0 mean the whole target: size 0 at another
+        # offset is an empty range (serving the whole target would expose bytes outside it).
+        whole = (offset == 0) & (size == 0)
+        self.sizes = np.where(has_raw, raw_len, np.where(whole, -1, size)).astype(np.int64)
+        self.sizes[~self.exists] = -2
 
     def ref(self, row: int) -> Ref | None:
         if row >= self.n or not self.exists[row]:
