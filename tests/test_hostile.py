@@ -180,6 +180,9 @@ def test_bad_offsets_and_lengths(mount_fails, tmp_path, target):
     cases["gen-dimension-overflow"] = (write(tmp_path / "gen-dim.json", {
         "version": 1, "gen": [{**gen, "dimensions": {"i": {"stop": 2**70}}}]}), (),
         (("gen[0]", "overflow"),))
+    cases["gen-dimension-list-overflow"] = (write(tmp_path / "gen-dimlist.json", {
+        "version": 1, "gen": [{**gen, "dimensions": {"i": [1, 2**70]}}]}), (),
+        ("gen[0].dimensions.i",))
     expect_errors(mount_fails, cases)
 
 

@@ -276,6 +276,8 @@ def _dimension(name: str, where: str, spec: Any) -> list[int] | range:
     if isinstance(spec, list):
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in spec):
             raise ReferenceSetError(f"{name}: {where} must be a list of integers")
+        if any(abs(v) > INT64_MAX for v in spec):
+            raise ReferenceSetError(f"{name}: {where}: values out of range")
         return spec
     if isinstance(spec, dict):
         unknown = set(spec) - {"start", "stop", "step"}
