@@ -564,6 +564,8 @@ def test_bad_array_key_is_skipped_or_refused(mount, mount_fails, tmp_path):
     src = _write_set(tmp_path / "dotdot.parquet", json.dumps({"metadata": meta, "record_size": 2}))
     mount_fails(src, *OPTS, must_mention=("x/../y/.zarray",))
     m = mount(src, *OPTS, "bad_keys=skip")
+    assert m.result is not None
+    assert "WARNING" in m.result.stderr and "x/../y/.zarray" in m.result.stderr, m.result.stderr
     assert sorted(os.listdir(m)) == [".zgroup", "v"]
     assert sorted(os.listdir(m / "v")) == [".zarray", "0", "1"]
     assert (m / "v" / "1").read_bytes() == b"\x02"

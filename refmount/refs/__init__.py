@@ -85,7 +85,10 @@ def _build(opener: Opener, source: str, bad_keys: str, backend: Any) -> IndexBui
 
 def prepare_index(cfg: MountConfig) -> IndexFile:
     if parquet_root(cfg.source, cfg.target_options):
-        load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys)  # validate .zmetadata now
+        pset = load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys)  # validate .zmetadata now
+        if pset.skipped:
+            log.warning("skipped %d metadata keys that cannot be paths (bad_keys=skip), e.g. %r",
+                        len(pset.skipped), pset.skipped[0])
         return IndexFile("", temporary=False, reused=False, kind="parquet")
     identity = source_identity(cfg.source, cfg.target_options, f"{INDEX_FORMAT}|{cfg.bad_keys}")
     cached = None

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
@@ -77,6 +77,7 @@ class ParquetSet:
     record_size: int
     metadata: KeyIndex
     arrays: list[ArraySpec]
+    skipped: list[str] = field(default_factory=list)  # metadata keys left out (bad_keys=skip)
 
 
 def _array_spec(name: str, key: str, zarray: Any) -> ArraySpec:
@@ -136,7 +137,7 @@ def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str)
     # With bad_keys=skip, an array whose '.zarray' key cannot be a path is skipped whole.
     skipped = set(builder.skipped)
     arrays = [a for a in arrays if f"{a.path}/.zarray" not in skipped]
-    return ParquetSet(root, record_size, index, sorted(arrays, key=lambda a: a.path))
+    return ParquetSet(root, record_size, index, sorted(arrays, key=lambda a: a.path), builder.skipped)
 
 
 def _int64(column: pa.Array, name: str, where: str) -> np.ndarray:
