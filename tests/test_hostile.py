@@ -463,6 +463,24 @@ def test_jinja_size_bombs_are_refused_before_they_run(tmp_path):
     assert not problems, "\n".join(problems)
 
 
+def test_memory_cap_stops_what_the_size_checks_do_not_foresee(tmp_path, monkeypatch):
+    """``str()`` of a list holding a 1 MB string a million times passes every size check
+    (the list has a million items) and is one C call that builds a terabyte. The memory cap
+    around rendering (lowered here to 256 MiB) stops it with MemoryError, well before the
+    2 s watchdog; the process's own limit is restored afterwards."""
+    import resource
+
+    from refmount.refs import ReferenceSetError, build_index, sandbox
+
+    monkeypatch.setattr(sandbox, "RENDER_MEMORY", 256 << 20, raising=False)
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    src = write(tmp_path / "repr-bomb.json", {"version": 1, "refs": {"k": [
+        "/dev/null{% set l = ['a' * 1000000] * 1000000 %}{{ l|length }}{{ l }}", 0, 1]}})
+    with pytest.raises(ReferenceSetError, match="template refused: it needs more than"):
+        build_index(str(src), {})
+    assert resource.getrlimit(resource.RLIMIT_DATA) == before
+
+
 def test_legitimate_template_operations_still_work(mount, tmp_path):
     """The size checks leave ordinary formatting, joining and arithmetic alone: each URL
     renders to the name of a file that holds its own name."""

@@ -11,7 +11,9 @@ widths and precisions, string methods and filters with a width or count.
 
 from __future__ import annotations
 
+import os
 import re
+import resource
 import string
 import types
 from collections.abc import Iterable
@@ -22,6 +24,7 @@ from jinja2.nodes import Concat
 from jinja2.sandbox import SandboxedEnvironment, SecurityError
 
 MAX_RENDERED = 1 << 20  # characters (or items) any one value may have
+RENDER_MEMORY = 2 << 30  # bytes rendering may allocate (MemoryCap)
 MAX_INT_BITS = 1 << 16  # integers: far beyond any offset, far below a slow multiplication
 
 _SIZED = (str, bytes, list, tuple)
@@ -155,6 +158,45 @@ def _bounded_filters(filters: dict[str, Any]) -> dict[str, Any]:
         wrapper.jinja_pass_arg = original.jinja_pass_arg  # type: ignore[attr-defined]
     return {"center": f_center, "indent": f_indent, "batch": f_batch, "slice": f_slice,
             "format": f_format, "replace": f_replace, "join": f_join}
+
+
+class MemoryCap:
+    """While active, the process may allocate at most RENDER_MEMORY more bytes (its
+    ``RLIMIT_DATA`` is lowered to what it uses now plus that): the last line of defence for
+    what the checks above do not foresee, such as ``str()`` of a list holding a long string a
+    million times. Past it an allocation fails with MemoryError instead of the machine running
+    out of memory. Re-entrant; a no-op where the limit cannot be read or set."""
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._saved: tuple[int, int] | None = None
+
+    def __enter__(self) -> MemoryCap:
+        self._depth += 1
+        if self._depth == 1:
+            try:
+                soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+                cap = _data_bytes() + RENDER_MEMORY
+                if hard != resource.RLIM_INFINITY:
+                    cap = min(cap, hard)
+                if soft == resource.RLIM_INFINITY or cap < soft:
+                    resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
+                    self._saved = (soft, hard)
+            except (OSError, ValueError):
+                self._saved = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self._saved is not None:
+            resource.setrlimit(resource.RLIMIT_DATA, self._saved)
+            self._saved = None
+
+
+def _data_bytes() -> int:
+    """The process's data + stack size, what RLIMIT_DATA is checked against (at least)."""
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[5]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class _BoundedConcat(CodeGenerator):

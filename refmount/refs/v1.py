@@ -28,7 +28,7 @@ from jinja2.sandbox import SecurityError
 from .index import IndexBuilder
 from .jsonrefs import Opener, _json_error
 from .model import INT64_MAX, ReferenceSetError
-from .sandbox import MAX_RENDERED, BoundedSandbox
+from .sandbox import MAX_RENDERED, RENDER_MEMORY, BoundedSandbox, MemoryCap
 
 RENDER_SECONDS = 2.0  # one template rendering may take at most this long
 GEN_BATCH = 1 << 18  # products evaluated per batch (bounds memory)
@@ -94,6 +94,7 @@ class TemplateSet:
                 self.plain[key] = value
                 self.context[key] = value
         self._url_cache: dict[str, str] = {}
+        self.memory_cap = MemoryCap()
 
     def _function(self, template: Any, key: str) -> Callable[..., str]:
         def call(**kwargs: Any) -> str:
@@ -111,10 +112,15 @@ class TemplateSet:
     def render(self, template: Any, context: dict[str, Any], where: str) -> str:
         self.watchdog.started = time.monotonic()
         try:
-            out = _bounded(template, context)
+            with self.memory_cap:
+                out = _bounded(template, context)
         except SecurityError as e:
             raise ReferenceSetError(f"{self.name}: {where}: template refused by sandbox: {e}") from None
-        except (TemplateError, TimeoutError, ArithmeticError, TypeError, ValueError, MemoryError) as e:
+        except MemoryError:
+            raise ReferenceSetError(
+                f"{self.name}: {where}: template refused: it needs more than "
+                f"{RENDER_MEMORY >> 30} GiB of memory") from None
+        except (TemplateError, TimeoutError, ArithmeticError, TypeError, ValueError) as e:
             raise ReferenceSetError(f"{self.name}: {where}: template failed: {e}") from None
         finally:
             self.watchdog.started = None
@@ -220,10 +226,10 @@ class _Plan:
     def strings(self, dims: dict[str, np.ndarray], n: int, contexts: Contexts) -> pa.Array:
         cols = self.columns(dims, n)
         if cols is None:
-            return pa.array(
-                [self.templates.render(self.template, ctx, self.where) for ctx in contexts()],
-                pa.large_string(),
-            )
+            render = self.templates.render
+            with self.templates.memory_cap:  # set once for the batch, not per product
+                out = [render(self.template, ctx, self.where) for ctx in contexts()]
+            return pa.array(out, pa.large_string())
         pieces: list[Any] = []
         for c in cols:
             if isinstance(c, np.ndarray):
