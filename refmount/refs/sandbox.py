@@ -11,10 +11,12 @@ widths and precisions, string methods and filters with a width or count.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import resource
 import string
+import time
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -167,16 +169,25 @@ class MemoryCap:
     million times. Past it an allocation fails with MemoryError instead of the machine running
     out of memory. Re-entrant; a no-op where the limit cannot be read or set."""
 
+    MEASURE_EVERY = 0.1  # seconds: what the process uses is read again at most this often
+
     def __init__(self) -> None:
         self._depth = 0
         self._saved: tuple[int, int] | None = None
+        # Reading /proc costs 7 us, more than a small rendering: the figure is reused for
+        # MEASURE_EVERY (the index grows by megabytes in that time, not gigabytes).
+        self._used = 0
+        self._measured = -math.inf
 
     def __enter__(self) -> MemoryCap:
         self._depth += 1
         if self._depth == 1:
             try:
                 soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-                cap = _data_bytes() + RENDER_MEMORY
+                now = time.monotonic()
+                if now - self._measured > self.MEASURE_EVERY:
+                    self._used, self._measured = _data_bytes(), now
+                cap = self._used + RENDER_MEMORY
                 if hard != resource.RLIM_INFINITY:
                     cap = min(cap, hard)
                 if soft == resource.RLIM_INFINITY or cap < soft:
