@@ -305,3 +305,61 @@ def test_mounts_sharing_a_cache_never_share_bytes_of_different_targets(srv, tmp_
         m.cleanup()
     assert got["a"] == (b"a" * 100, b"a" * 1000)
     assert got["b"] == (b"b" * 100, b"b" * 1000)
+
+
+def cached_keys(cache: Path, expected: dict[str, bytes]) -> dict[str, Path]:
+    """Which keys have a block file, found by content (the data follows a 4 KiB header)."""
+    by_data = {data: key for key, data in expected.items()}
+    found = {}
+    for p in (cache / "blocks").glob("*/*"):
+        if not p.name.endswith(".tmp"):
+            key = by_data.get(p.read_bytes()[4096:])
+            assert key is not None, f"{p} holds bytes of no key"
+            found[key] = p
+    return found
+
+
+def cache_bytes(cache: Path) -> int:
+    return sum(p.stat().st_size for p in (cache / "blocks").glob("*/*"))
+
+
+def test_disk_cache_stays_under_cache_size_evicting_least_recently_used(srv, tmp_path, mount):
+    """``cache_size`` bounds the block files; what goes is what was used least recently, by
+    any mount of the directory: recency is a block file's mtime, refreshed when a hit finds
+    it older than ``DiskCache.TOUCH_AFTER``."""
+    source, path, expected = one_target_set(srv, tmp_path, n=12, size=512 * KiB, spacing=512 * KiB)
+    keys = list(expected)
+    cache = tmp_path / "cache"
+    opts = (f"cache_dir={cache}", "cache_size=4M", "max_readahead=0")  # one block per key
+    block = 4 * KiB + 512 * KiB  # header + data
+
+    m1 = mount(source, *opts)
+    for k in keys[:6]:
+        assert (m1.path / k).read_bytes() == expected[k]
+    m1.cleanup()  # the daemon lets its writer finish
+    first = cached_keys(cache, expected)
+    assert sorted(first) == sorted(keys[:6])
+    now = time.time()
+    for i, k in enumerate(keys[:6]):  # used an hour ago, in key order
+        os.utime(first[k], (now - 3600 + i, now - 3600 + i))
+
+    m2 = mount(source, *opts)
+    assert (m2.path / keys[0]).read_bytes() == expected[keys[0]]  # used again: now the newest
+    assert stats(m2)["disk_hits"] == 1
+    for k in keys[6:]:  # 6 more blocks: 12 would be 6.05 MiB
+        assert (m2.path / k).read_bytes() == expected[k]
+    m2.cleanup()
+    total = cache_bytes(cache)
+    assert total <= 4 * 2**20, f"{total} bytes in block files, cache_size is 4 MiB"
+    kept = cached_keys(cache, expected)
+    # Each write past 4 MiB evicts down to 90 %: the five least recently used blocks go.
+    assert sorted(kept) == sorted([keys[0], *keys[6:]]), sorted(kept)
+    assert total == 7 * block
+
+    srv.reset_log()
+    m3 = mount(source, *opts)
+    for k in [keys[0], *keys[6:]]:
+        assert (m3.path / k).read_bytes() == expected[k]
+    assert srv.count(path) == 0, "blocks kept on disk were fetched again"
+    assert (m3.path / keys[1]).read_bytes() == expected[keys[1]]
+    assert srv.count(path) == 1, "an evicted block must be fetched"
