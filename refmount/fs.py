@@ -145,6 +145,7 @@ class RefFS(pyfuse3.Operations):
     # ---- lookups ------------------------------------------------------------------------
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
+        self.stats.lookups += 1
         parent = self._node(parent_inode)
         node = await self.tree.lookup(parent, name)
         if node is None:
@@ -210,6 +211,7 @@ class RefFS(pyfuse3.Operations):
         self._next_fh += 1
         ref = await self.tree.ref(node)
         self._handles[fh] = _Handle(node, ref)
+        self.stats.opens += 1
         self.stats.open_files += 1
         others = self._opened.get(inode, 0)
         self._opened[inode] = others + 1

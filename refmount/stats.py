@@ -17,6 +17,8 @@ class Stats:
     bytes_fetched: int = 0
     retries: int = 0
     errors: int = 0  # reads answered with an error
+    lookups: int = 0  # FUSE lookups (names the kernel had not cached, found or not)
+    opens: int = 0  # FUSE opens
     reads: int = 0  # FUSE read calls
     bytes_read: int = 0  # bytes returned to readers
     memory_hits: int = 0

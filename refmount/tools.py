@@ -215,7 +215,8 @@ def read_stats(mountpoint: str) -> dict[str, Any]:
 def format_stats(stats: dict[str, Any]) -> str:
     order = [
         ("source", "source"), ("keys", "keys"), ("uptime", "uptime (s)"),
-        ("reads", "FUSE reads"), ("bytes_read", "bytes returned"),
+        ("lookups", "FUSE lookups"), ("opens", "FUSE opens"), ("reads", "FUSE reads"),
+        ("bytes_read", "bytes returned"),
         ("requests", "fetches from targets"), ("bytes_fetched", "bytes fetched"),
         ("merged", "ranges in merged fetches"),
         ("prefetched", "bytes read ahead across keys"), ("prefetch_hits", "reads served from those"),

@@ -363,3 +363,39 @@ def test_disk_cache_stays_under_cache_size_evicting_least_recently_used(srv, tmp
     assert srv.count(path) == 0, "blocks kept on disk were fetched again"
     assert (m3.path / keys[1]).read_bytes() == expected[keys[1]]
     assert srv.count(path) == 1, "an evicted block must be fetched"
+
+
+def test_the_kernel_keeps_data_names_and_missing_names(srv, tmp_path, mount):
+    """The set never changes, so the kernel may keep everything: file data across opens
+    (keep_cache), names and attributes (long timeouts) and missing names (negative entries).
+    Once seen, none of them costs the daemon a request again. READs are as large as the
+    kernel allows: 1 MiB, not libfuse's former 128 KiB."""
+    blob = random.Random(5).randbytes(8 * 2**20)
+    url = srv.put("/data/whole.bin", blob)
+    source = tmp_path / "refs.json"
+    source.write_text(json.dumps({".zgroup": '{"zarr_format": 2}', "w": [url], "d/x": [url, 10, 100]}))
+    m = mount(source, "no_disk_cache")
+
+    def counts() -> tuple[int, int, int]:
+        s = stats(m)
+        return s["lookups"], s["opens"], s["reads"]
+
+    lookups0, opens0, reads0 = counts()
+    for _ in range(3):
+        for name in ("nope", "d/nope", "d/x", "w"):
+            try:
+                os.stat(m.path / name)
+            except FileNotFoundError:
+                assert "nope" in name
+    # nope, d, d/nope, d/x, w: each looked up once
+    assert counts() == (lookups0 + 5, opens0, reads0), counts()
+
+    with open(m.path / "w", "rb", buffering=0) as f:
+        while f.read(4 * 2**20):
+            pass
+    lookups1, opens1, reads1 = counts()
+    assert (lookups1, opens1) == (lookups0 + 5, opens0 + 1)
+    assert 1 <= reads1 - reads0 <= 9, f"{reads1 - reads0} READs for 8 MiB"
+    for _ in range(2):
+        assert (m.path / "w").read_bytes() == blob  # opened again: the page cache answers
+    assert counts() == (lookups1, opens1 + 2, reads1), counts()
