@@ -399,3 +399,128 @@ def test_the_kernel_keeps_data_names_and_missing_names(srv, tmp_path, mount):
     for _ in range(2):
         assert (m.path / "w").read_bytes() == blob  # opened again: the page cache answers
     assert counts() == (lookups1, opens1 + 2, reads1), counts()
+
+
+def requested(srv, path: str) -> list[tuple[int, int]]:
+    """(start, end) of each range request the server saw for ``path``, in arrival order."""
+    out = []
+    for req in srv.log(path):
+        assert req.range is not None and req.range.startswith("bytes="), req.range
+        a, b = req.range[len("bytes="):].split("-")
+        out.append((int(a), int(b) + 1))
+    return out
+
+
+def quiet(srv, path: str, seconds: float = 0.5) -> None:
+    """Wait until no new request for ``path`` has come for ``seconds`` (readahead settled)."""
+    n = -1
+    while n != srv.count(path):
+        n = srv.count(path)
+        time.sleep(seconds)
+
+
+def test_concurrent_reads_of_the_same_bytes_share_one_request(srv, tmp_path, mount):
+    """Eight keys name the same 2 MiB range; sixteen readers read different parts of them at
+    once, past the kernel's page cache: the daemon fetches the range once (single-flight)."""
+    blob = random.Random(11).randbytes(4 * 2**20)
+    path = "/data/shared.bin"
+    url = srv.put(path, blob)
+    source = tmp_path / "refs.json"
+    source.write_text(json.dumps({f"k{i}": [url, 1000, 2 * 2**20] for i in range(8)}))
+    srv.add_fault(path, "delay", times=None, seconds=0.5)  # all readers arrive while it is in flight
+    m = mount(source, "no_disk_cache", "max_readahead=0")
+    start = threading.Barrier(16)
+    got: dict[tuple[int, int], bytes | Exception] = {}
+
+    def read(i: int) -> None:
+        key, off = f"k{i % 8}", (i // 8) * 2**20 + i * 4096
+        fd = os.open(m.path / key, os.O_RDONLY)
+        try:
+            start.wait()
+            got[(i, off)] = os.pread(fd, 4096, off)
+        except OSError as e:
+            got[(i, off)] = e
+        finally:
+            os.close(fd)
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(got) == 16 and all(v == blob[1000 + off : 1000 + off + 4096] for (_, off), v in got.items())
+    assert requested(srv, path) == [(1000, 1000 + 2 * 2**20)]
+    assert stats(m)["reads"] >= 16  # they all came to the daemon
+
+
+def test_requests_to_one_host_are_bounded_by_max_connections(srv, tmp_path, mount):
+    """24 readers of 24 ranges (never merged), with a slow target: no more than
+    ``max_connections`` requests are in flight at once, and all 24 get their bytes."""
+    source, path, expected = one_target_set(srv, tmp_path, n=24, size=8 * KiB, spacing=256 * KiB)
+    srv.add_fault(path, "delay", times=None, seconds=0.2)
+    m = mount(source, "no_disk_cache", "max_readahead=0", "merge_gap=off", "max_connections=3")
+    got = read_all_at_once(m.path, list(expected))
+    assert all(got[k] == expected[k] for k in expected)
+    log = srv.log(path)
+    assert len(log) == 24
+    events = sorted([(r.time, 1) for r in log] + [(r.end, -1) for r in log])
+    in_flight = peak = 0
+    for _, step in events:
+        in_flight += step
+        peak = max(peak, in_flight)
+    assert peak == 3, f"{peak} requests in flight at once with max_connections=3"
+
+
+def test_small_ranges_are_fetched_whole_and_big_ones_by_blocks(srv, tmp_path, mount):
+    """A range reference up to ``whole_fetch_limit`` is fetched whole on its first read; a
+    bigger one, and a whole file, by the ``block_size`` blocks that the reads touch."""
+    blob = random.Random(12).randbytes(24 * 2**20)
+    path = "/data/big.bin"
+    url = srv.put(path, blob)
+    source = tmp_path / "refs.json"
+    source.write_text(json.dumps({"small": [url, 777, 3 * 2**20], "big": [url, 999, 20 * 2**20],
+                                  "whole": [url]}))
+    m = mount(source, "no_disk_cache", "max_readahead=0", "whole_fetch_limit=4M", "block_size=1M")
+
+    def pread(key: str, off: int) -> None:
+        fd = os.open(m.path / key, os.O_RDONLY)
+        try:
+            base = {"small": 777, "big": 999, "whole": 0}[key]
+            assert os.pread(fd, 4096, off) == blob[base + off : base + off + 4096]
+        finally:
+            os.close(fd)
+
+    pread("small", 2 * 2**20)
+    assert requested(srv, path) == [(777, 777 + 3 * 2**20)]
+    srv.reset_log()
+    pread("big", 5 * 2**20 + 10)
+    assert requested(srv, path) == [(999 + 5 * 2**20, 999 + 6 * 2**20)]
+    srv.reset_log()
+    pread("whole", 7 * 2**20 + 10)
+    assert requested(srv, path) == [(7 * 2**20, 8 * 2**20)]
+
+
+def test_readahead_grows_while_a_reader_streams_and_stops_when_it_seeks(srv, tmp_path, mount):
+    blob = random.Random(13).randbytes(64 * 2**20)
+    path = "/data/stream.bin"
+    url = srv.put(path, blob)
+    source = tmp_path / "refs.json"
+    source.write_text(json.dumps({"f": [url]}))
+    m = mount(source, "no_disk_cache", "block_size=1M", "max_readahead=16M")
+    fd = os.open(m.path / "f", os.O_RDONLY)
+    try:
+        for off in range(0, 8 * 2**20, 2**20):  # streaming
+            assert os.pread(fd, 2**20, off) == blob[off : off + 2**20]
+        quiet(srv, path)
+        ahead = max(end for _, end in requested(srv, path))
+        # the window doubles per read up to max_readahead: blocks far past the last read
+        assert ahead >= 8 * 2**20 + 8 * 2**20, f"fetched up to {ahead / 2**20:.1f} MiB after reading 8"
+        assert ahead <= 8 * 2**20 + 16 * 2**20 + 2**20, "readahead past max_readahead"
+        srv.reset_log()
+        for off in (50 * 2**20, 30 * 2**20 + 4096, 60 * 2**20 + 8192):  # seeks
+            assert os.pread(fd, 4096, off) == blob[off : off + 4096]
+        quiet(srv, path)
+        blocks = sorted(start // 2**20 for start, _ in requested(srv, path))
+        assert blocks == [30, 50, 60], f"after seeks, fetched blocks {blocks}"
+    finally:
+        os.close(fd)
