@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_faults import log_lines, stats, wait_for
+from test_faults import log_lines, run_readers, stats, wait_for
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
@@ -443,11 +443,7 @@ def test_concurrent_reads_of_the_same_bytes_share_one_request(srv, tmp_path, mou
         finally:
             os.close(fd)
 
-    threads = [threading.Thread(target=read, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    run_readers(read, 16, timeout=30)
     assert len(got) == 16 and all(v == blob[1000 + off : 1000 + off + 4096] for (_, off), v in got.items())
     assert requested(srv, path) == [(1000, 1000 + 2 * 2**20)]
     assert stats(m)["reads"] >= 16  # they all came to the daemon
