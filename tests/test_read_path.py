@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_faults import log_lines, run_readers, stats, wait_for
+from test_faults import HEADER, log_lines, run_readers, stats, wait_for
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
@@ -308,12 +308,12 @@ def test_mounts_sharing_a_cache_never_share_bytes_of_different_targets(srv, tmp_
 
 
 def cached_keys(cache: Path, expected: dict[str, bytes]) -> dict[str, Path]:
-    """Which keys have a block file, found by content (the data follows a 4 KiB header)."""
+    """Which keys have a block file, found by content (the data follows the header)."""
     by_data = {data: key for key, data in expected.items()}
     found = {}
     for p in (cache / "blocks").glob("*/*"):
         if not p.name.endswith(".tmp"):
-            key = by_data.get(p.read_bytes()[4096:])
+            key = by_data.get(p.read_bytes()[HEADER:])
             assert key is not None, f"{p} holds bytes of no key"
             found[key] = p
     return found
@@ -331,7 +331,7 @@ def test_disk_cache_stays_under_cache_size_evicting_least_recently_used(srv, tmp
     keys = list(expected)
     cache = tmp_path / "cache"
     opts = (f"cache_dir={cache}", "cache_size=4M", "max_readahead=0")  # one block per key
-    block = 4 * KiB + 512 * KiB  # header + data
+    block = HEADER + 512 * KiB
 
     m1 = mount(source, *opts)
     for k in keys[:6]:
