@@ -354,7 +354,7 @@ def warm_file(path: Path) -> float:
 # ============================================================================================
 
 NGINX_CONF = """\
-user {user} {group};
+{modules}user {user} {group};
 worker_processes {workers};
 pid {run}/nginx.pid;
 error_log {run}/error.log warn;
@@ -377,10 +377,28 @@ http {{
         listen 127.0.0.1:{port} backlog=4096;
         server_name localhost;
         root {root};
-        location / {{ autoindex off; }}
+{locations}
     }}
 }}
 """
+
+
+# Without added latency: files straight from the root. With it (Debian's echo module): every
+# request waits LATENCY seconds without a worker or CPU per byte (echo_sleep is a timer), then
+# is redirected internally to a location that serves the file as usual -- Range requests,
+# sendfile and keep-alive unchanged; ``limit_rate`` caps each response's bandwidth.
+ECHO_MODULE = "load_module /usr/lib/nginx/modules/ngx_http_echo_module.so;\n"
+PLAIN_LOCATIONS = "        location / {{ autoindex off;{rate} }}"
+DELAYED_LOCATIONS = """\
+        location ~ ^/(?<name>[^/].*)$ {{ echo_sleep {latency}; echo_exec /_delayed/$name; }}
+        location ^~ /_delayed/ {{ internal; alias {root}/;{rate} }}"""
+
+
+def nginx_locations(root: Path, latency_ms: float, rate: str | None) -> str:
+    limit = f" limit_rate {rate};" if rate else ""
+    if latency_ms <= 0:
+        return PLAIN_LOCATIONS.format(rate=limit)
+    return DELAYED_LOCATIONS.format(latency=f"{latency_ms / 1000:.3f}", root=root, rate=limit)
 
 
 def free_port() -> int:
@@ -392,10 +410,13 @@ def free_port() -> int:
 class Nginx:
     """nginx with a configuration of its own, in the foreground as our child, stopped by PID."""
 
-    def __init__(self, root: Path, run_dir: Path, workers: int | str = "auto") -> None:
+    def __init__(self, root: Path, run_dir: Path, workers: int | str = "auto",
+                 latency_ms: float = 0.0, rate: str | None = None) -> None:
         self.root = root
         self.run_dir = run_dir
         self.workers = workers
+        self.latency_ms = latency_ms  # added before each response's first byte
+        self.rate = rate  # nginx limit_rate per response, e.g. "100m" (bytes/s)
         self.port = 0
         self.proc: subprocess.Popen | None = None
 
@@ -408,7 +429,10 @@ class Nginx:
             self.port = free_port()
             conf = self.run_dir / "nginx.conf"
             conf.write_text(NGINX_CONF.format(user=user, group=group, workers=self.workers,
-                                              run=self.run_dir, port=self.port, root=self.root))
+                                              run=self.run_dir, port=self.port, root=self.root,
+                                              modules=ECHO_MODULE if self.latency_ms > 0 else "",
+                                              locations=nginx_locations(self.root, self.latency_ms,
+                                                                        self.rate)))
             with open(self.run_dir / "nginx.stderr", "wb") as err:
                 self.proc = subprocess.Popen(
                     [NGINX, "-c", str(conf), "-p", str(self.run_dir), "-e",
