@@ -62,7 +62,8 @@ class _Stretch:
 class TargetReadahead:
     SLACK = 2**20  # a range within this of the last one's end continues the run
     MIN_STREAK = 2  # ranges in a row before prefetching starts
-    BEHIND = 4 * 2**20  # at most this far behind the furthest range is "out of order", not a jump
+    BEHIND = 4 * 2**20  # this far behind the furthest range is "out of order", not a jump
+    CONCURRENT = 16  # ... or this many ranges behind it, up to the window: readers fetching at once
     FIRST_WINDOW = 2 * 2**20
     REQUEST_LIMIT = 8 * 2**20
     MAX_RUNS = 10_000
@@ -139,22 +140,29 @@ class TargetReadahead:
         if nursery is None or self.max_window <= 0:
             return
         run = self._runs.get(url)
-        span = end - start
-        gap = start - run.end if run is not None else 0
-        if run is not None and -max(self.SLACK, min(4 * span, self.BEHIND)) <= gap < -self.SLACK:
-            # A few ranges behind the furthest one: concurrent readers (zarr fetches several
-            # chunks at once) report ranges a little out of order. Neither progress nor a jump.
-            return
-        if run is None or abs(gap) > self.SLACK:
+        if run is None or not self._in_run(run, start, end - start):
             if miss:  # a new run starts only where reads go to the network
                 if len(self._runs) >= self.MAX_RUNS:
                     self._runs.clear()
                 self._runs[url] = _Run(end)
             return
-        run.end = max(run.end, end)
+        if end <= run.end:
+            # Behind the furthest range: concurrent readers (zarr fetches several chunks at
+            # once) report ranges out of order. Neither progress nor a jump.
+            return
+        run.end = end
         run.streak += 1
         if run.streak >= self.MIN_STREAK and not run.stopped:
-            self._extend(url, run, nursery, span)
+            self._extend(url, run, nursery, end - start)
+
+    def _in_run(self, run: _Run, start: int, span: int) -> bool:
+        """Whether a range starting at ``start`` belongs to ``run``: it starts at most
+        ``SLACK`` past what was read or prefetched so far -- concurrent readers run ahead of
+        each other inside the prefetched stretch -- and not further behind the furthest
+        range than several ranges' worth (as many as readers fetch at once)."""
+        front = max(run.end, run.ahead)
+        behind = max(self.SLACK, min(self.CONCURRENT * span, max(self.BEHIND, run.window)))
+        return run.end - behind <= start <= front + self.SLACK
 
     def _extend(self, url: str, run: _Run, nursery: trio.Nursery, span: int) -> None:
         ahead = max(run.ahead, run.end)
@@ -162,8 +170,7 @@ class TargetReadahead:
             return  # still well ahead of the reader
         # Big chunks start with a bigger window: readers (zarr) fetch several at once, and a
         # window of a chunk or two would fall behind them at once.
-        run.window = min(max(run.window * 2, self.FIRST_WINDOW, min(8 * span, self.REQUEST_LIMIT)),
-                         self.max_window)
+        run.window = min(max(run.window * 2, self.FIRST_WINDOW, 8 * span), self.max_window)
         target = run.end + run.window
         stretches = self._stretches.setdefault(url, [])
         while ahead < target:
