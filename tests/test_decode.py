@@ -61,7 +61,8 @@ def check_ncdump(mnt, var: str, expected: np.ndarray, fill) -> None:
 
 
 def nc_variables(path: Path):
-    """(name, or path like /sub/inner in a group; raw values, fill value) of every numeric variable of a netCDF file."""
+    """(name, or a path like /sub/inner in a group; raw values; fill value) of every numeric
+    variable of a netCDF file."""
     out = []
     with netCDF4.Dataset(path) as ds:
         ds.set_auto_maskandscale(False)
@@ -291,7 +292,8 @@ def test_not_decodable_arrays_are_served_as_referenced_with_a_warning(mount, odd
     assert os.getxattr(m.path, "user.refmount.decoded_arrays") == b"2"
     warnings = [line for line in m.log_text(tail=1000).splitlines()
                 if "WARNING" in line and "served as referenced" in line]
-    assert len(warnings) == 2 and any(" names " in w for w in warnings) and any(" odd " in w for w in warnings)
+    assert len(warnings) == 2, warnings
+    assert any(" names " in w for w in warnings) and any(" odd " in w for w in warnings)
     info = json.loads(run_cli("inspect", str(src), "--json").stdout)
     assert info["arrays"]["odd"]["decode"].startswith("as referenced: codec")
     assert info["arrays"]["names"]["decode"].startswith("as referenced: object dtype")
