@@ -225,8 +225,10 @@ class RefFS(pyfuse3.Operations):
         # Bytes read ahead already go to the page cache now: the read then needs no READ.
         # Only with no other handle open: none of its READs can hold a page (pagepush.py).
         if self.pusher is not None and not others and self.pusher.wanted(inode):
-            if array is not None:
+            if array is not None:  # decoded ahead (ChunkDecoder), up to the same size
                 data = self.decoder.ready(key) if self.decoder is not None else None
+                if data is not None and len(data) > self.reader.PUSH_LIMIT:
+                    data = None
             else:
                 data = self.reader.ready_whole(ref)
             if data is not None:
