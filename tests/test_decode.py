@@ -331,6 +331,8 @@ def test_parquet_and_version1_sets_decode(mount, shared_mounts, tmp_path):
           "refs": {k: (["{{f}}", *v[1:]] if isinstance(v, list) and v[0] == nc4 else v)
                    for k, v in refs.items()}}
     assert any(isinstance(v, list) and v[0] == "{{f}}" for v in v1["refs"].values())
+    meta = {k: json.loads(v) for k, v in refs.items() if k.rsplit("/", 1)[-1].startswith(".z")}
+    v1["refs"][".zmetadata"] = json.dumps({"zarr_consolidated_format": 1, "metadata": meta})
     v1_src = write_json(ds.root / "nc4_decode_v1.json", v1)
     original = xr.open_dataset(ds.nc4)
     with netCDF4.Dataset(ds.nc4) as f:
@@ -342,4 +344,9 @@ def test_parquet_and_version1_sets_decode(mount, shared_mounts, tmp_path):
         assert assert_sizes_are_bytes(m) > 10
         d = xr.open_zarr(m, consolidated=False)
         assert_like_original(d, original)
+        if src == v1_src:  # consolidated metadata, rewritten like each .zarray
+            zmeta = json.loads((m / ".zmetadata").read_text())["metadata"]
+            assert zmeta["temp/.zarray"] == json.loads((m / "temp/.zarray").read_text())
+            assert zmeta["temp/.zarray"]["filters"] is None
+            assert_like_original(xr.open_zarr(m, consolidated=True), original)
         check_ncdump(m, "counts", counts, -1)
