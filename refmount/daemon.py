@@ -163,7 +163,7 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
             view, reader.memory, read_stored, resolve=tree.resolve,
             # decoded bytes in flight: a quarter of the memory cache, the chunks decoded
             # ahead of a reader included (they land there)
-            max_bytes=max(cfg.memory_cache_size // 4, 16 * 2**20),
+            max_bytes=max(cfg.memory_cache_size // 4, 16 * 2**20), stats=stats,
         )
     return RefFS(
         tree,

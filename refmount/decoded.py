@@ -532,6 +532,7 @@ class ChunkDecoder:
         max_bytes: int = 128 * 2**20,
         ahead: int = 4,
         on_error: Callable[[], None] | None = None,
+        stats: Any = None,
     ) -> None:
         self.view = view
         self.memory = memory
@@ -541,6 +542,7 @@ class ChunkDecoder:
         self.budget = _ByteBudget(max_bytes)
         self.ahead = ahead
         self.on_error = on_error
+        self.stats = stats  # a Stats: its decoded / decoded_ahead counters
         self.decoded = 0  # chunks decoded
         self.decoded_ahead = 0  # of those, decoded ahead of a reader
         self._inflight: dict[str, _Flight] = {}
@@ -588,6 +590,8 @@ class ChunkDecoder:
             finally:
                 await self.budget.release(array.nbytes)
             self.decoded += 1
+            if self.stats is not None:
+                self.stats.decoded += 1
             self.memory.put(mkey, data)
             flight.result = data
             return data
@@ -637,6 +641,8 @@ class ChunkDecoder:
                 return
             await self.chunk(key, array, found[1])
             self.decoded_ahead += 1
+            if self.stats is not None:
+                self.stats.decoded_ahead += 1
         except Exception as e:  # the reader will see (and log) the error if it gets there
             log.debug("decoding ahead %s failed: %s", key, e)
 

@@ -272,6 +272,7 @@ def format_stats(stats: dict[str, Any]) -> str:
         ("merged", "ranges in merged fetches"),
         ("prefetched", "bytes read ahead across keys"), ("prefetch_hits", "reads served from those"),
         ("pushed", "bytes stored in the page cache at open"),
+        ("decoded", "chunks decoded (-o decode)"), ("decoded_ahead", "of those, decoded ahead"),
         ("memory_hits", "memory cache hits"), ("disk_hits", "disk cache hits"),
         ("misses", "cache misses"), ("cache_writes_dropped", "blocks not written to disk"),
         ("retries", "retries"), ("errors", "errors"),
