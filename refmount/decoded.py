@@ -530,7 +530,7 @@ class ChunkDecoder:
         resolve: Callable[[str], Any] | None = None,
         threads: int | None = None,
         max_bytes: int = 128 * 2**20,
-        ahead: int = 4,
+        ahead: int = 8,
         on_error: Callable[[], None] | None = None,
         stats: Any = None,
     ) -> None:
@@ -564,8 +564,9 @@ class ChunkDecoder:
             self._maybe_ahead(key, array)
         return memoryview(data)[off : off + size]
 
-    async def chunk(self, key: str, array: DecodedArray, ref: Ref) -> Block:
-        """The decoded bytes of chunk ``key`` (memory, else a decode shared by all asking)."""
+    async def chunk(self, key: str, array: DecodedArray, ref: Ref, *, ahead: bool = False) -> Block:
+        """The decoded bytes of chunk ``key`` (memory, else a decode shared by all asking;
+        ``ahead``: for no reader yet)."""
         mkey = DecodedKey(key)
         while True:
             data = self.memory.get(mkey)
@@ -590,8 +591,10 @@ class ChunkDecoder:
             finally:
                 await self.budget.release(array.nbytes)
             self.decoded += 1
+            self.decoded_ahead += ahead
             if self.stats is not None:
                 self.stats.decoded += 1
+                self.stats.decoded_ahead += ahead
             self.memory.put(mkey, data)
             flight.result = data
             return data
@@ -610,8 +613,9 @@ class ChunkDecoder:
 
     # ---- decoding ahead ---------------------------------------------------------------------
     def _maybe_ahead(self, key: str, array: DecodedArray) -> None:
-        """A chunk read for the first time: if it follows the last one of its array in C
-        order, decode the next ``ahead`` chunks in the background."""
+        """A reader starts on a chunk: if it is near the furthest one started in its array (a
+        reader going through the array in C order, possibly several chunks at once, as zarr
+        does), decode the ``ahead`` chunks after the furthest in the background."""
         if self._background is None or self.resolve is None or self.ahead <= 0:
             return
         coords = _coords(key, array)
@@ -621,11 +625,13 @@ class ChunkDecoder:
         last = self._last.get(array.path)
         if len(self._last) > 10_000:
             self._last.clear()
-        self._last[array.path] = number
-        if last is None or number != last + 1:
+        in_order = last is not None and -2 * self.ahead <= number - last <= 2 * self.ahead
+        front = max(number, last) if in_order and last is not None else number
+        self._last[array.path] = front
+        if not in_order or number == last:
             return
         base = key[: len(key) - len(_chunk_rel(key, array))]
-        for n in range(number + 1, number + 1 + self.ahead):
+        for n in range(front + 1, front + 1 + self.ahead):
             if n >= math.prod(grid):
                 break
             nxt = base + _chunk_name(n, grid, array)
@@ -639,10 +645,7 @@ class ChunkDecoder:
             found = await self.resolve(key)
             if found is None:
                 return
-            await self.chunk(key, array, found[1])
-            self.decoded_ahead += 1
-            if self.stats is not None:
-                self.stats.decoded_ahead += 1
+            await self.chunk(key, array, found[1], ahead=True)
         except Exception as e:  # the reader will see (and log) the error if it gets there
             log.debug("decoding ahead %s failed: %s", key, e)
 
