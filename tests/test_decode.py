@@ -317,6 +317,16 @@ def test_corrupt_chunks_are_eio_and_the_mount_keeps_serving(mount, odd_set):
     assert re.search(r"decode failed: key=short/0 codecs=zlib: .*expected 16", log), log
 
 
+def test_python_api_takes_decode(odd_set, tmp_path):
+    import refmount
+
+    src, _refs, _junk = odd_set
+    with refmount.mounted(src, decode=True, cache_dir=str(tmp_path / "cache"),
+                          log=str(tmp_path / "api.log")) as path:
+        assert Path(path, "good/0").read_bytes() == np.arange(4, dtype="<i4").tobytes()
+        assert json.loads(Path(path, "good/.zarray").read_text())["compressor"] is None
+
+
 # --- Parquet and Version 1 sets -------------------------------------------------------------------
 
 
