@@ -294,6 +294,8 @@ def test_not_decodable_arrays_are_served_as_referenced_with_a_warning(mount, odd
                 if "WARNING" in line and "served as referenced" in line]
     assert len(warnings) == 2, warnings
     assert any(" names " in w for w in warnings) and any(" odd " in w for w in warnings)
+    said = [line for line in m.result.stderr.splitlines() if "served as referenced" in line]
+    assert len(said) == 2, m.result.stderr  # also on the terminal of whoever mounted
     info = json.loads(run_cli("inspect", str(src), "--json").stdout)
     assert info["arrays"]["odd"]["decode"].startswith("as referenced: codec")
     assert info["arrays"]["names"]["decode"].startswith("as referenced: object dtype")
