@@ -158,6 +158,8 @@ def _run(args: argparse.Namespace) -> int:
             launcher = DaemonLauncher(cfg.mountpoint)
         index_file = prepare_index(cfg)
         check_targets(cfg, index_file)
+        if cfg.decode and not cfg.foreground:
+            _warn_not_decoded(cfg, index_file)
     except BaseException as e:
         if launcher is not None:
             launcher.abort()
@@ -176,6 +178,20 @@ def _run(args: argparse.Namespace) -> int:
             return _fail(str(e))
     assert launcher is not None
     return launcher.hand_over(cfg, index_file)
+
+
+def _warn_not_decoded(cfg: MountConfig, index_file: IndexFile) -> None:
+    """With ``-o decode``, the arrays served as referenced are named here on stderr too: a
+    detached daemon's warnings go to its log."""
+    from .decoded import DecodedView
+    from .refs import KeyIndex
+    from .refs.parquet import load_parquet_set
+
+    if index_file.kind == "parquet":
+        metadata = load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys).metadata
+    else:
+        metadata = KeyIndex.open(index_file.path)
+    DecodedView.from_index(metadata).warn()
 
 
 def _stderr_warnings() -> None:

@@ -53,6 +53,7 @@ class MountConfig:
     whole_fetch_limit: int = 32 * 2**20
     block_size: int = 4 * 2**20
     page_push: bool = True  # store chunks already in memory in the kernel's page cache at open
+    decode: bool = False  # serve zarr chunks decoded and metadata without codecs (decoded.py)
     # fetching
     timeout: float = 30.0
     retries: int = 3
@@ -201,6 +202,9 @@ OPTION_HELP: dict[str, str] = {
     "block_size=SIZE": "block size for larger ranges and whole-file targets (default 4M)",
     "no_page_push": "do not store chunks read ahead in the kernel's page cache when they are "
                     "opened (each then costs a READ round trip)",
+    "decode": "serve every zarr chunk decoded (compressor and filters applied, little-endian) and "
+              "each .zarray without codecs, so that readers without the codecs (ncdump, GDAL) read "
+              "all arrays",
     "timeout=SEC": "time limit for one read's fetch, retries included (default 30)",
     "retries=N": "retries of a failed fetch, with backoff (default 3)",
     "max_connections=N": "concurrent requests to each target host (default 32)",
@@ -227,7 +231,8 @@ def apply_options(cfg: MountConfig, options: list[str]) -> None:
         name = name.strip()
         if name in IGNORED_OPTIONS or name == "comment" or name.startswith(("x-systemd.", "x-")):
             continue
-        flag_only = {"allow_other", "allow_root", "no_disk_cache", "no_page_push", "debug", "recover"}
+        flag_only = {"allow_other", "allow_root", "no_disk_cache", "no_page_push", "debug", "recover",
+                     "decode"}
         if name in flag_only:
             if sep:
                 raise ConfigError(f"option {name} takes no value")
@@ -260,6 +265,8 @@ def apply_options(cfg: MountConfig, options: list[str]) -> None:
                 cfg.disk_cache = False
             case "no_page_push":
                 cfg.page_push = False
+            case "decode":
+                cfg.decode = True
             case "cache_size":
                 cfg.cache_size = parse_size(value, name)
             case "max_readahead":

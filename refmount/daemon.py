@@ -24,9 +24,10 @@ import pyfuse3
 import trio
 
 from . import guestloop
-from .cache import DiskCache, MemoryLRU
+from .cache import Block, DiskCache, MemoryLRU
 from .cachewriter import CacheWriter
 from .config import MountConfig
+from .decoded import ChunkDecoder, DecodedTree, DecodedView
 from .fetch import Fetcher
 from .fs import RefFS
 from .mountpoint import MountError, check_mountpoint
@@ -34,7 +35,7 @@ from .pagepush import PagePusher
 from .policy import target_policy
 from .reader import RefReader
 from .redact import RedactingFormatter, redact_url
-from .refs import IndexFile, KeyIndex
+from .refs import IndexFile, KeyIndex, Ref
 from .refs.parquet import RecordCache, load_parquet_set
 from .stats import Stats
 from .tree import ChunkTree, KeyTree
@@ -131,7 +132,7 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
         stats=stats,
     )
     info = {"source": redact_url(cfg.source), "format": index_file.kind}
-    tree: KeyTree | ChunkTree
+    tree: KeyTree | ChunkTree | DecodedTree
     if index_file.kind == "parquet":
         pset = load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys)
         tree = ChunkTree(pset, RecordCache(pset, cfg.target_options))
@@ -147,6 +148,23 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
         for name in ("targets", "referenced_bytes", "inline_bytes"):
             info[name] = index.metadata.get(name, "?")
     info["keys"] = str(len(tree))
+    decoder = None
+    if cfg.decode:
+        metadata = tree.meta.index if isinstance(tree, ChunkTree) else tree.index
+        view = DecodedView.from_index(metadata)
+        view.warn()
+        info.update(view.describe())
+        tree = DecodedTree(tree, view)
+
+        async def read_stored(ref: Ref) -> Block:
+            return await reader.read(ref, 0, await reader.size(ref))
+
+        decoder = ChunkDecoder(
+            view, reader.memory, read_stored, resolve=tree.resolve,
+            # decoded bytes in flight: a quarter of the memory cache, the chunks decoded
+            # ahead of a reader included (they land there)
+            max_bytes=max(cfg.memory_cache_size // 4, 16 * 2**20), stats=stats,
+        )
     return RefFS(
         tree,
         reader,
@@ -158,6 +176,7 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
         attr_timeout=cfg.attr_timeout,
         mtime_ns=mtime_ns,
         info=info,
+        decoder=decoder,
     )
 
 
@@ -233,6 +252,8 @@ async def _main(cfg: MountConfig, ops: RefFS, on_ready: Callable[[], None],
                 trim: Callable[[int], int] | None) -> None:
     async with trio.open_nursery() as nursery:
         ops.reader.attach(nursery)
+        if ops.decoder is not None:
+            ops.decoder.attach(nursery)
         ops.reader.fetcher.attach(nursery)
         nursery.start_soon(_fuse_main, cfg, nursery)
         nursery.start_soon(_stop_on_signal, nursery)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import pyfuse3
 
+from .decoded import ChunkDecoder, DecodedArray, DecodedTree, DecodeError
 from .fetch import FetchError
 from .pagepush import PagePusher
 from .reader import ReadState, RefReader
@@ -62,12 +63,14 @@ def _erofs(name: str) -> Callable[..., Awaitable[Any]]:
 
 
 class _Handle:
-    __slots__ = ("node", "ref", "state")
+    __slots__ = ("array", "key", "node", "ref", "state")
 
-    def __init__(self, node: Node, ref: Ref) -> None:
+    def __init__(self, node: Node, ref: Ref, array: DecodedArray | None = None, key: str = "") -> None:
         self.node = node
         self.ref = ref
         self.state = ReadState()
+        self.array = array  # a chunk served decoded (-o decode): read through the decoder
+        self.key = key
 
 
 class RefFS(pyfuse3.Operations):
@@ -77,7 +80,7 @@ class RefFS(pyfuse3.Operations):
 
     def __init__(
         self,
-        tree: KeyTree | ChunkTree,
+        tree: KeyTree | ChunkTree | DecodedTree,
         reader: RefReader,
         stats: Stats,
         *,
@@ -88,6 +91,7 @@ class RefFS(pyfuse3.Operations):
         mtime_ns: int,
         info: dict[str, str],
         pusher: PagePusher | None = None,
+        decoder: ChunkDecoder | None = None,
     ) -> None:
         super().__init__()
         self.tree = tree
@@ -100,6 +104,7 @@ class RefFS(pyfuse3.Operations):
         self.mtime_ns = mtime_ns
         self.info = info  # shown as xattrs on the root
         self.pusher = pusher
+        self.decoder = decoder  # with -o decode; the tree is then a DecodedTree
         self._handles: dict[int, _Handle] = {}
         self._opened: dict[int, int] = {}  # inode -> open handles
         self._next_fh = 1
@@ -210,7 +215,9 @@ class RefFS(pyfuse3.Operations):
         fh = self._next_fh
         self._next_fh += 1
         ref = await self.tree.ref(node)
-        self._handles[fh] = _Handle(node, ref)
+        array = self.tree.array(node) if isinstance(self.tree, DecodedTree) else None
+        key = self.tree.path(node).decode("utf-8", "surrogateescape") if array is not None else ""
+        self._handles[fh] = _Handle(node, ref, array, key)
         self.stats.opens += 1
         self.stats.open_files += 1
         others = self._opened.get(inode, 0)
@@ -218,7 +225,12 @@ class RefFS(pyfuse3.Operations):
         # Bytes read ahead already go to the page cache now: the read then needs no READ.
         # Only with no other handle open: none of its READs can hold a page (pagepush.py).
         if self.pusher is not None and not others and self.pusher.wanted(inode):
-            data = self.reader.ready_whole(ref)
+            if array is not None:  # decoded ahead (ChunkDecoder), up to the same size
+                data = self.decoder.ready(key) if self.decoder is not None else None
+                if data is not None and len(data) > self.reader.PUSH_LIMIT:
+                    data = None
+            else:
+                data = self.reader.ready_whole(ref)
             if data is not None:
                 self.pusher.push(inode, data)
         # The bytes never change: let the kernel keep its page cache across opens.
@@ -231,7 +243,14 @@ class RefFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF)
         self.stats.reads += 1
         try:
-            data = await self.reader.read(h.ref, off, size, h.state)
+            if h.array is not None:
+                assert self.decoder is not None
+                data = await self.decoder.read(h.key, h.array, h.ref, off, size)
+            else:
+                data = await self.reader.read(h.ref, off, size, h.state)
+        except DecodeError:  # logged with the key and codec by the decoder
+            self.stats.errors += 1
+            raise pyfuse3.FUSEError(errno.EIO) from None
         except FetchError as e:
             self.stats.errors += 1
             log.error("read failed: key=%s %s", self.tree.path(h.node).decode(errors="replace"), e)

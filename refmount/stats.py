@@ -26,6 +26,8 @@ class Stats:
     misses: int = 0
     cache_writes_dropped: int = 0  # blocks not written to the disk cache: the disk fell behind
     pushed: int = 0  # bytes stored in the kernel's page cache at open, ahead of the reads
+    decoded: int = 0  # chunks decoded (-o decode), ahead of readers included
+    decoded_ahead: int = 0  # chunks decoded ahead of a reader going through an array in order
     open_files: int = 0
 
     def as_dict(self) -> dict[str, float | int]:

@@ -132,9 +132,18 @@ def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
     keys = inline_bytes = referenced = whole = 0
     targets: set[str] = set()
     arrays: dict[str, dict[str, Any]] = {}
+    metadata: dict[str, bytes | None] = {}  # .zarray and .zmetadata keys, for the decoded view
+    stored: dict[str, list[int]] = {}  # directory -> [chunk-like keys, their referenced bytes]
     try:
         for key, ref in iter_references(source, target_options, progress):
             keys += 1
+            head, _, name = key.rpartition("/")
+            if name.endswith((".zarray", ".zmetadata")):
+                metadata[key] = ref.data if ref.kind is RefKind.INLINE else None
+            elif name[:1].isdigit():
+                tally = stored.setdefault(head, [0, 0])
+                tally[0] += 1
+                tally[1] += max(ref.length, 0)
             if ref.kind is RefKind.INLINE:
                 inline_bytes += ref.length
                 if key == ".zarray" or key.endswith("/.zarray"):
@@ -160,6 +169,7 @@ def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
                     referenced += ref.length
     finally:
         progress.close()
+    _decoded_sizes(arrays, metadata, stored)
     return {
         "source": source,
         "format": "parquet" if parquet_root(source, target_options) else "json",
@@ -170,6 +180,38 @@ def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
         "whole_file_refs": whole,
         "inline_bytes": inline_bytes,
     }
+
+
+def _decoded_sizes(arrays: dict[str, dict[str, Any]], metadata: dict[str, bytes | None],
+                   stored: dict[str, list[int]]) -> None:
+    """Per array: its codecs (decoding order), the referenced bytes of its chunks, their size
+    served decoded (``-o decode``), and why it would be served as referenced instead."""
+    from .decoded import DecodedView
+
+    view = DecodedView(metadata)
+    totals: dict[str, list[int]] = {}
+    for head, (n, nbytes) in stored.items():
+        probe = view.array_of(f"{head}/0" if head else "0")  # any directory of a decoded array
+        path = head
+        if probe is None:  # nested chunk directories (dimension_separator "/"): go up
+            while path and path not in arrays:
+                path = path.rpartition("/")[0]
+        else:
+            path = probe.path
+        if path in arrays:
+            t = totals.setdefault(path, [0, 0])
+            t[0] += n
+            t[1] += nbytes
+    for path, a in arrays.items():
+        n, nbytes = totals.get(path, [0, 0])
+        array = view.arrays.get(path)
+        a["codecs"] = view.codecs.get(path, [])
+        a["chunks_referenced"] = n
+        a["stored_bytes"] = nbytes
+        a["decoded_bytes"] = n * array.nbytes if array is not None else nbytes
+        a["decode"] = ("decoded" if array is not None
+                       else "as referenced: " + view.skipped[path or "/"] if (path or "/") in view.skipped
+                       else "as referenced (nothing to decode)")
 
 
 def format_inspect(info: dict[str, Any]) -> str:
@@ -184,14 +226,23 @@ def format_inspect(info: dict[str, Any]) -> str:
         f"arrays            {len(info['arrays'])}",
     ]
     if info["arrays"]:
-        rows = [("array", "shape", "chunks", "dtype", "compressor")]
+        rows = [("array", "shape", "chunks", "dtype", "compressor", "codecs (decoding order)",
+                 "stored", "decoded")]
         for path, a in sorted(info["arrays"].items()):
             comp = a["compressor"] or "-"
             if a["filters"]:
                 comp += " (" + ",".join(map(str, a["filters"])) + ")"
-            rows.append((path or "/", str(a["shape"]), str(a["chunks"]), str(a["dtype"]), comp))
+            rows.append((path or "/", str(a["shape"]), str(a["chunks"]), str(a["dtype"]), comp,
+                         ",".join(a["codecs"]) or "-", human(a["stored_bytes"]),
+                         human(a["decoded_bytes"])))
         lines.append("")
         lines.extend(_table(rows))
+        skipped = [(p or "/", a["decode"]) for p, a in sorted(info["arrays"].items())
+                   if a["decode"].startswith("as referenced: ")]
+        if skipped:
+            lines.append("")
+            lines.append("not decoded with -o decode (served as referenced):")
+            lines.extend(f"  {p}: {why[len('as referenced: '):]}" for p, why in skipped)
     return "\n".join(lines)
 
 
@@ -221,6 +272,7 @@ def format_stats(stats: dict[str, Any]) -> str:
         ("merged", "ranges in merged fetches"),
         ("prefetched", "bytes read ahead across keys"), ("prefetch_hits", "reads served from those"),
         ("pushed", "bytes stored in the page cache at open"),
+        ("decoded", "chunks decoded (-o decode)"), ("decoded_ahead", "of those, decoded ahead"),
         ("memory_hits", "memory cache hits"), ("disk_hits", "disk cache hits"),
         ("misses", "cache misses"), ("cache_writes_dropped", "blocks not written to disk"),
         ("retries", "retries"), ("errors", "errors"),

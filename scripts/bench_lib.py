@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 import pwd
+import resource
 import signal
 import socket
 import subprocess
@@ -534,6 +535,62 @@ def build_refs(url: str, n64: int, n1m: int) -> dict[str, Any]:
     return refs
 
 
+def ensure_decode_data(serve_dir: Path, n_chunks: int, log: Callable[[str], None]) -> tuple[Path, Path]:
+    """A zlib+shuffle float32 array of ``n_chunks`` 1 MiB chunks (a smooth field with noise,
+    compressing about 2:1 like model output) as HDF5 stores it: the encoded chunks back to back
+    in ``decode-N.bin`` (served), with their lengths in ``decode-N.idx``; and the decoded values
+    in ``decode-N.f4`` (to verify what readers get). Reused when present."""
+    import numcodecs
+    import numpy as np
+
+    data = serve_dir / f"decode-{n_chunks}.bin"
+    idx, values = data.with_suffix(".idx"), data.with_suffix(".f4")
+    if data.exists() and idx.exists() and values.exists():
+        return data, values
+    log(f"generating the zlib+shuffle array: {n_chunks} x 1 MiB chunks in {data}")
+    t0 = time.perf_counter()
+    elems = MiB // 4
+    rng = np.random.default_rng(16)
+    x = np.arange(elems, dtype="f4")
+    shuffle, zlib = numcodecs.Shuffle(elementsize=4), numcodecs.Zlib(level=4)
+    lengths = []
+    with open(str(data) + ".tmp", "wb") as out, open(str(values) + ".tmp", "wb") as vals:
+        for i in range(n_chunks):
+            chunk = (280 + 10 * np.sin(x / 3000 + i) + rng.normal(0, 0.25, elems)).astype("<f4")
+            chunk = np.round(chunk, 2).astype("<f4")  # two decimals, as measured values often are
+            encoded = zlib.encode(shuffle.encode(chunk))
+            out.write(encoded)
+            vals.write(chunk.tobytes())
+            lengths.append(len(encoded))
+    idx.write_text(json.dumps(lengths))
+    os.replace(str(values) + ".tmp", values)
+    os.replace(str(data) + ".tmp", data)
+    log(f"  generated in {time.perf_counter() - t0:.1f} s, {sum(lengths) / MiB:.0f} MiB stored "
+        f"for {n_chunks} MiB decoded")
+    return data, values
+
+
+def build_decode_refs(url: str, data: Path) -> dict[str, Any]:
+    """Version 0 references to the zlib+shuffle array ``z`` in ``data`` (filters as kerchunk
+    writes them for HDF5: shuffle, then zlib, no compressor)."""
+    lengths = json.loads(data.with_suffix(".idx").read_text())
+    elems = MiB // 4
+    refs: dict[str, Any] = {
+        ".zgroup": json.dumps({"zarr_format": 2}),
+        "z/.zarray": json.dumps({
+            "zarr_format": 2, "shape": [len(lengths) * elems], "chunks": [elems], "dtype": "<f4",
+            "compressor": None, "filters": [{"id": "shuffle", "elementsize": 4}, {"id": "zlib", "level": 4}],
+            "fill_value": None, "order": "C",
+        }),
+        "z/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["t"], "units": "K"}),
+    }
+    off = 0
+    for i, n in enumerate(lengths):
+        refs[f"z/{i}"] = [url, off, n]
+        off += n
+    return refs
+
+
 # ============================================================================================
 # Children: ``bench.py _child KIND JSON`` prints one JSON line per measured pass
 # ============================================================================================
@@ -697,6 +754,26 @@ def child_zarr(spec: dict[str, Any]) -> None:
         del data, raw, expect
 
 
+def child_ncdump(spec: dict[str, Any]) -> None:
+    """``ncdump -v VAR`` of a zarr mount through NCZarr, its CDL text counted and dropped."""
+    c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(["ncdump", "-v", spec["var"], spec["url"]], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    text = 0
+    while chunk := proc.stdout.read(MiB):
+        text += len(chunk)
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    rc = proc.wait()
+    elapsed = time.perf_counter() - t0
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    emit({"elapsed": elapsed, "bytes": spec["bytes"], "items": spec["chunks"], "errors": int(rc != 0),
+          "cpu": (c1.ru_utime + c1.ru_stime) - (c0.ru_utime + c0.ru_stime),
+          "verified": f"ncdump exit {rc}, {text / 1e6:,.0f} MB of CDL" + (f": {err[:200]}" if rc else ""),
+          "verify_failed": rc != 0})
+
+
 def child_verify(spec: dict[str, Any]) -> None:
     """Compare random pieces of a file on the mount with the local file."""
     import random
@@ -733,6 +810,7 @@ CHILDREN: dict[str, Callable[[dict[str, Any]], None]] = {
     "local": child_local,
     "inproc": child_inproc,
     "zarr": child_zarr,
+    "ncdump": child_ncdump,
     "verify": child_verify,
     "fsspec_fuse": child_fsspec_fuse,
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """refmount demo: build a small real netCDF4 dataset, reference it with kerchunk, mount the
-references with the refmount CLI, and read the mount with ls, cat, xarray and ncdump.
+references with the refmount CLI, and read the mount with ls, cat, xarray and ncdump (also
+through `-o decode`, which serves compressed chunks decoded).
 
 Run through scripts/demo.sh (which sets the machine up first). Re-runnable: everything lives in
 ./demo-work/ and is rebuilt on each run; the mount is always unmounted at the end. Exits non-zero
@@ -26,11 +27,14 @@ WORK = REPO / "demo-work"
 NC = WORK / "climate.nc"
 REFS = WORK / "refs.json"
 MNT = WORK / "mnt"
+MNT_DECODED = WORK / "mnt-decoded"
 LOG = WORK / "refmount.log"
 
-# the uncompressed, contiguous, little-endian variable that ncdump -v reads through NCZarr
-# (Debian's netcdf-c 4.9.0 has no zlib filter plugin for NCZarr)
+# the uncompressed, contiguous, little-endian variable that ncdump -v reads through a plain
+# mount (Debian's netcdf-c 4.9.0 has no zlib filter plugin for NCZarr)
 PLAIN_VAR = "elevation"
+# a zlib-compressed variable, which ncdump -v reads through a mount with -o decode
+COMPRESSED_VAR = "temperature"
 
 
 def banner(text: str) -> None:
@@ -205,6 +209,8 @@ def main() -> int:
     if is_mounted(MNT):
         print(f"(left-over mount at {MNT} from an earlier run: unmounting)")
         unmount(MNT)
+    if is_mounted(MNT_DECODED):
+        unmount(MNT_DECODED)
     MNT.mkdir(exist_ok=True)
 
     banner("1. a small real dataset (netCDF4/HDF5) and its kerchunk references")
@@ -311,15 +317,38 @@ def main() -> int:
             return f"{got.size} values of {PLAIN_VAR} equal the original"
 
         check(f"ncdump -v {PLAIN_VAR}", do_ncdump_v)
+
+        banner(f"6. -o decode: chunks served decoded, so ncdump reads {COMPRESSED_VAR} too")
+        MNT_DECODED.mkdir(exist_ok=True)
+        url_decoded = f"file://{MNT_DECODED}#mode=zarr,file"
+
+        def do_ncdump_decoded() -> str:
+            run([*refmount_cmd(), str(REFS), str(MNT_DECODED), "-o", f"decode,log={LOG}"])
+            zarray = json.loads((MNT_DECODED / COMPRESSED_VAR / ".zarray").read_text())
+            print(f"{COMPRESSED_VAR}/.zarray as served: compressor={zarray['compressor']}, "
+                  f"filters={zarray['filters']}, dtype={zarray['dtype']}")
+            r = run(["ncdump", "-v", COMPRESSED_VAR, url_decoded], quiet=True)
+            lines = r.stdout.splitlines()
+            start = next(i for i, line in enumerate(lines) if line.startswith("data:"))
+            print("\n".join([*lines[start : start + 6], "  ..."]))
+            got = parse_cdl_values(r.stdout, COMPRESSED_VAR)
+            want = original[COMPRESSED_VAR].values.ravel()
+            # ncdump prints float32 with 7 significant digits
+            if got.shape != want.shape or not np.allclose(got, want, rtol=1e-6, atol=0):
+                raise CheckFailed(f"{COMPRESSED_VAR} values from ncdump differ from the original")
+            return f"{got.size} values of the zlib-compressed {COMPRESSED_VAR} equal the original"
+
+        check(f"ncdump -v {COMPRESSED_VAR} through -o decode", do_ncdump_decoded)
     except CheckFailed as e:
         print(f"[FAIL] {e}")
         results.append(("mount", False, str(e)))
     finally:
-        banner("6. unmount")
-        with contextlib.suppress(Exception):
-            unmount(MNT)
-        if is_mounted(MNT):
-            results.append(("unmount", False, f"{MNT} is still mounted"))
+        banner("7. unmount")
+        for mnt in (MNT, MNT_DECODED):
+            with contextlib.suppress(Exception):
+                unmount(mnt)
+            if is_mounted(mnt):
+                results.append(("unmount", False, f"{mnt} is still mounted"))
 
     failed = [r for r in results if not r[1]]
     banner(f"summary: {len(results) - len(failed)} passed, {len(failed)} failed")

@@ -37,9 +37,10 @@ fi
 # fuse3/libfuse3-dev/pkg-config/gcc/python3-dev: pyfuse3 is an sdist built against libfuse3.
 # python3-venv: `python3 -m venv` on Debian's python3.
 # netcdf-bin (ncdump), nginx-light (HTTP range server), attr, curl, psmisc: demo and tests;
-# systemd: systemd-analyze verify of the unit files in tests.
+# systemd: systemd-analyze verify of the unit files in tests;
+# gdal-bin (gdalinfo, gdal_translate): a non-Python client of -o decode in tests and the demo.
 PKGS=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv
-    netcdf-bin nginx-light attr curl psmisc systemd)
+    netcdf-bin nginx-light attr curl psmisc systemd gdal-bin)
 if [ "$BENCH" -eq 1 ]; then
     PKGS+=(libfuse2)
 fi
