@@ -142,7 +142,13 @@ class RefFS(pyfuse3.Operations):
         if not node.is_dir:
             size = await self.tree.size(node)
             if size < 0:
-                size = await self.reader.size(await self.tree.ref(node))
+                try:
+                    size = await self.reader.size(await self.tree.ref(node))
+                except FetchError as e:
+                    # A listed file always stats: size unknown (0, attributes the kernel may
+                    # not cache, as readdir lists it); opening it fails with EIO (``open``).
+                    log.error("size of key %s: %s", self.tree.path(node).decode(errors="replace"), e)
+                    size = -1
             size = self._clipped.get(node.ino, size)
         return self._attr(node.ino, node.is_dir, size)
 
@@ -223,6 +229,8 @@ class RefFS(pyfuse3.Operations):
         fh = self._next_fh
         self._next_fh += 1
         ref = await self.tree.ref(node)
+        if ref.kind is RefKind.WHOLE:
+            await self.reader.size(ref)  # a target whose size cannot be found is not opened
         self._clip(node, ref)  # its target's size may be known from other keys' reads
         self._handles[fh] = _Handle(node, ref)
         self.stats.opens += 1

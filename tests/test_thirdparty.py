@@ -68,15 +68,15 @@ def _record(path: Path, rows: list[tuple[str | None, int | None, int | None]]) -
 def gdal_layout(top: Path) -> Path:
     """``top/set``: array ``x`` whose chunks are files beside its record file, named relative
     to it (one row without offset or size, one with ``..``, one from an offset with no size),
-    and array ``esc`` whose chunk leaves the set's directory. Decoys with other bytes lie where
-    a wrong rule would look (the set's directory and its parent)."""
+    and array ``esc`` whose chunks leave the set's directory or name no file. Decoys with
+    other bytes lie where a wrong rule would look (the set's directory and its parent)."""
     root = top / "set"
     (root / "x").mkdir(parents=True)
     (root / "esc").mkdir()
     write_json(root / ".zmetadata", {"record_size": 10, "metadata": {
         ".zgroup": {"zarr_format": 2}, ".zattrs": {},
         "x/.zarray": {**ZARRAY, "shape": [4]}, "x/.zattrs": {"_ARRAY_DIMENSIONS": ["i"]},
-        "esc/.zarray": {**ZARRAY, "shape": [1]}, "esc/.zattrs": {"_ARRAY_DIMENSIONS": ["j"]},
+        "esc/.zarray": {**ZARRAY, "shape": [2]}, "esc/.zattrs": {"_ARRAY_DIMENSIONS": ["j"]},
     }})
     for name, data in {"0.bin": b"\x01", "1.bin": b"\x02", "2.bin": b"\x03", "3.bin": b"ab\x04"}.items():
         (root / "x" / name).write_bytes(data)
@@ -89,7 +89,8 @@ def gdal_layout(top: Path) -> Path:
         ("../x/2.bin", 0, 1),  # GDAL's parquet_ref_0_dim_path_dot_dot
         ("3.bin", 2, None),  # no size: from the offset to the end of the target
     ])
-    _record(root / "esc" / "refs.0.parq", [("../../outside.bin", 0, 1)])
+    _record(root / "esc" / "refs.0.parq", [("../../outside.bin", 0, 1),
+                                           ("missing.bin", None, None)])  # no size, no target
     return root
 
 
@@ -98,7 +99,7 @@ def test_parquet_directory_relative_targets_resolve_beside_the_record_files(moun
     # A shared mount reads local files only in the set's own directory (by default).
     m = mount(root, "allow_other", "no_disk_cache")
     files, _dirs = walk(m.path)
-    assert {"x/0", "x/1", "x/2", "x/3", "esc/0"} <= files
+    assert {"x/0", "x/1", "x/2", "x/3", "esc/0", "esc/1"} <= files
     for key in sorted(files):  # every listed entry stats (`ls -l` shows no ?????????)
         os.stat(m / key)
     want = {"x/0": b"\x01", "x/1": b"\x02", "x/2": b"\x03", "x/3": b"\x04"}
@@ -110,6 +111,10 @@ def test_parquet_directory_relative_targets_resolve_beside_the_record_files(moun
     # leaving the set's directory: refused like any local file outside allow_local
     assert read_or_errno(m / "esc/0") == errno.EIO
     assert log_lines(m, "outside the allowed directories")
+    # no size and no target: it stats (size unknown: 0), and opening it fails
+    assert os.stat(m / "esc/1").st_size == 0
+    assert read_or_errno(m / "esc/1") == errno.EIO
+    assert log_lines(m, "size of key esc/1")
 
     # The same set named by its .zmetadata: the same rule, the same bytes.
     m2 = mount(root / ".zmetadata", "no_disk_cache")
