@@ -431,7 +431,17 @@ class Fetcher:
                     raise FetchError(url, reason, errno.EACCES)
                 data = await self._run(fs, http_range(fs, path, start, end, upto))
             else:
-                data = await self._call(url, fs, "cat_file", path, start=start, end=end)
+                try:
+                    data = await self._call(url, fs, "cat_file", path, start=start, end=end)
+                except (OSError, ValueError) as e:
+                    # s3 (and others) answer a range that starts past the end with an error:
+                    # past the end only if the target's size says so.
+                    if upto or start == 0 or isinstance(e, FileNotFoundError | PermissionError):
+                        raise
+                    info = await self._call(url, fs, "info", path)
+                    if (past := _past_end(url, start, end, info.get("size"), b"")) is None:
+                        raise
+                    raise past from None
             if not isinstance(data, bytes | bytearray | memoryview):
                 raise FetchError(url, f"bytes {start}-{end}: backend returned {type(data)}")
             if upto and not data:

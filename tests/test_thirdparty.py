@@ -25,6 +25,7 @@ import pytest
 import xarray as xr
 from conftest import walk
 from datasets import write_json
+from servers import free_port
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
@@ -188,7 +189,7 @@ def test_fits_through_kerchunk_reads_as_over_fsspec(mount, tmp_path, nginx, ngin
 GRIB_LENGTH = 1_654_587_264  # VirtualiZarr's GRIB1 length on a 1,056-byte file
 
 
-def long_ranges(top: Path, base: str) -> tuple[dict, dict[str, bytes], np.ndarray]:
+def long_ranges(top: Path | None, base: str, put=None) -> tuple[dict, dict[str, bytes], np.ndarray]:
     """A zlib chunk referenced with VirtualiZarr's GRIB1 length (read in blocks), another with
     a length a few times its file (fetched whole), a range that starts past the end, and a
     range inside its target."""
@@ -197,7 +198,10 @@ def long_ranges(top: Path, base: str) -> tuple[dict, dict[str, bytes], np.ndarra
              "small.bin": zlib.compress((values * 2).tobytes()),
              "plain.bin": bytes(range(256)) * 4}
     for name, data in files.items():
-        (top / name).write_bytes(data)
+        if put is not None:
+            put(name, data)
+        else:
+            (top / name).write_bytes(data)
     zarray = {"zarr_format": 2, "shape": [32, 32], "chunks": [32, 32], "dtype": "<f4",
               "compressor": {"id": "zlib", "level": 1}, "filters": None, "fill_value": None,
               "order": "C"}
@@ -251,3 +255,39 @@ def test_a_short_answer_inside_the_target_stays_eio(mount, tmp_path, srv):
     # a range past the end answered short is refused too (the body is not all that exists)
     assert read_or_errno(m / "raw/tail") == errno.EIO
     assert read_or_errno(m / "grib/0.0") == want["grib/0.0"]  # other targets unaffected
+
+
+@pytest.fixture
+def s3(tmp_path):
+    """moto's S3 server on loopback, and the s3fs options that reach it."""
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    options = {"key": "test", "secret": "test", "client_kwargs": {
+        "endpoint_url": f"http://127.0.0.1:{port}", "region_name": "eu-west-1"}}
+    try:
+        fs = s3fs.S3FileSystem(**options)
+        fs.mkdir("refs-bucket")
+        yield fs, options
+    finally:
+        server.stop()
+
+
+def test_ranges_past_the_end_over_s3(mount, tmp_path, s3):
+    """s3 tells neither where the target ends in a short answer nor in the error for a range
+    that starts past it: the target's size (a HEAD) decides."""
+    fs, options = s3
+    refs, want, values = long_ranges(None, "s3://refs-bucket",
+                                     put=lambda name, data: fs.pipe(f"refs-bucket/{name}", data))
+    m = mount(write_json(tmp_path / "refs.json", refs), "no_disk_cache", "retries=3",
+              f"remote_options={json.dumps(options)}")
+    for key, data in want.items():
+        assert read_or_errno(m / key) == data, key
+        assert os.stat(m / key).st_size == len(data), key
+    with xr.open_zarr(str(m), consolidated=False) as b:
+        np.testing.assert_array_equal(b.grib.values, values)
+        np.testing.assert_array_equal(b.small.values, values * 2)
+    assert not log_lines(m, "retry"), "a range past the end was retried"
