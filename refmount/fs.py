@@ -107,11 +107,11 @@ class RefFS(pyfuse3.Operations):
         # inode -> st_size of a range found to run past the end of its target (see _clip)
         self._clipped: dict[int, int] = {}
         self._background: trio.Nursery | None = None
+        self._next_fh = 1
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Where kernel notifications that may wait for the kernel run: the daemon's nursery."""
         self._background = nursery
-        self._next_fh = 1
 
     # ---- attributes ---------------------------------------------------------------------
     def _attr(self, ino: int, is_dir: bool, size: int) -> pyfuse3.EntryAttributes:
@@ -271,11 +271,12 @@ class RefFS(pyfuse3.Operations):
 
         The kernel learns it from the short READ itself: it shrinks its size of the file to
         where the answer ended, and zero-fills the rest of the pages it asked for, which then
-        lie past its end — unless the file's attributes changed while the READ was out, so the
-        kernel is not told during the READ (that would make it keep the stated size over the
-        zero-filled pages). Afterwards, from a worker thread (it waits for pages other READs
-        still hold), the file's cached attributes and pages are dropped, so that a size the
-        kernel got otherwise meanwhile (an ``ls -l`` racing the first read) does not last."""
+        lie past its end — unless the file's attributes changed between the READ and the
+        reader taking its answer, so the kernel is not told now (an invalidation then would
+        make it keep the stated size over the zero-filled pages). ``INVALIDATE_DELAY`` later,
+        from a worker thread (it waits for pages that READs still hold), the file's cached
+        attributes and pages are dropped, so that a size the kernel got otherwise meanwhile
+        (an ``ls -l`` racing the first read) does not last."""
         length = self.reader.clipped(ref)
         if length is None or node.ino in self._clipped:
             return
@@ -287,8 +288,10 @@ class RefFS(pyfuse3.Operations):
         if self._background is not None:
             self._background.start_soon(self._invalidate, node.ino)
 
-    @staticmethod
-    async def _invalidate(ino: int) -> None:
+    INVALIDATE_DELAY = 1.0
+
+    async def _invalidate(self, ino: int) -> None:
+        await trio.sleep(self.INVALIDATE_DELAY)
         # ENOENT: the kernel has forgotten the inode, and will ask when it looks it up again.
         with contextlib.suppress(OSError):
             await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino, False)
