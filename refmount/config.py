@@ -78,7 +78,8 @@ class MountConfig:
         if not (self.allow_other or self.allow_root):
             return ["/"]
         if "://" not in self.source and "::" not in self.source:
-            return [os.path.dirname(os.path.realpath(self.source))]
+            real = os.path.realpath(self.source)  # a directory is a Parquet set: itself
+            return [real if os.path.isdir(real) else os.path.dirname(real)]
         return []
 
 
@@ -217,7 +218,7 @@ OPTION_HELP: dict[str, str] = {
     "log_level=LEVEL": "debug, info, warning or error (default info)",
     "allow_local=DIR[:DIR...]": "local files that references may read; default: all for a "
     "private mount, and for a shared one (allow_other/allow_root) only the directory of a local "
-    "SOURCE (none for a remote SOURCE)",
+    "SOURCE (a Parquet directory itself; none for a remote SOURCE)",
     "recover": "if MOUNTPOINT is a stale mount left by a killed daemon, clear it first",
     "bad_keys=error|skip": "refuse a reference set with keys that cannot be paths (default), "
     "or skip those keys with a warning",

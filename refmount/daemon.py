@@ -135,7 +135,7 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
     tree: KeyTree | ChunkTree | DecodedTree
     if index_file.kind == "parquet":
         pset = load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys)
-        tree = ChunkTree(pset, RecordCache(pset, cfg.target_options))
+        tree = ChunkTree(pset, RecordCache(pset, cfg.target_options, relative=fetcher.policy.relative))
         info["record_size"] = str(pset.record_size)
         info["arrays"] = str(len(pset.arrays))
         mtime_ns = time.time_ns()
@@ -251,6 +251,7 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None])
 async def _main(cfg: MountConfig, ops: RefFS, on_ready: Callable[[], None],
                 trim: Callable[[int], int] | None) -> None:
     async with trio.open_nursery() as nursery:
+        ops.attach(nursery)
         ops.reader.attach(nursery)
         if ops.decoder is not None:
             ops.decoder.attach(nursery)

@@ -58,6 +58,26 @@ class FetchError(Exception):
         self.timed_out = timed_out
 
 
+class PastEnd(FetchError):
+    """The range runs past the end of its target, whose size the storage told us (a
+    Content-Range total, a 416, or the size of the target after a short answer): ``data``
+    is what exists of the range (up to the end of the target; empty when the range starts
+    at or after it). Permanent: never retried. Any other short answer stays a ShortRead."""
+
+    def __init__(self, url: str, start: int, end: int, size: int, data: bytes) -> None:
+        super().__init__(url, f"bytes {start}-{end}: the target ends at {size}")
+        self.size = size
+        self.data = data
+
+
+def _past_end(url: str, start: int, end: int, size: int | None, data: bytes) -> PastEnd | None:
+    """A PastEnd if ``data`` (the answer to bytes [start, end)) is short only because the
+    target of ``size`` bytes ends inside the range; None for any other short answer."""
+    if size is None or end <= size or len(data) != max(size - start, 0):
+        return None
+    return PastEnd(url, start, end, size, data)
+
+
 def describe(exc: BaseException) -> str:
     """One line for a backend exception, with any URL in it redacted."""
     text = " ".join(str(exc).split()) or type(exc).__name__
@@ -82,11 +102,24 @@ async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False
         if r.status == 404:
             raise FileNotFoundError(url)
         if r.status == 416:  # starts past the end of the target: retrying cannot help
+            got = re.fullmatch(r"bytes\s+\*/(\d+)", r.headers.get("Content-Range", "").strip())
+            if got and (past := _past_end(url, start, end, int(got[1]), b"")) is not None:
+                raise past
             raise ValueError(f"range {start}-{end - 1} not satisfiable")
         r.raise_for_status()
         if r.status == 206:
             got = _CONTENT_RANGE.fullmatch(r.headers.get("Content-Range", "").strip())
             at_eof = upto and got is not None and got[3] != "*" and int(got[2]) == int(got[3]) - 1
+            if got and int(got[1]) == start and got[3] != "*" and int(got[2]) == int(got[3]) - 1 < end - 1 \
+                    and not upto:
+                # The range runs past the end of the target: what exists of it, if the
+                # body is all of that (else it is a short answer like any other).
+                data = await r.read()
+                past = _past_end(url, start, end, int(got[3]), data)
+                if past is None:
+                    raise ShortRead(f"asked for bytes {start}-{end - 1}, got {len(data)} bytes "
+                                    f"for Content-Range {r.headers.get('Content-Range')!r}")
+                raise past
             if not got or int(got[1]) != start or (int(got[2]) != end - 1 and not at_eof):
                 raise ShortRead(f"asked for bytes {start}-{end - 1}, server sent Content-Range "
                                 f"{r.headers.get('Content-Range')!r}")
@@ -398,11 +431,27 @@ class Fetcher:
                     raise FetchError(url, reason, errno.EACCES)
                 data = await self._run(fs, http_range(fs, path, start, end, upto))
             else:
-                data = await self._call(url, fs, "cat_file", path, start=start, end=end)
+                try:
+                    data = await self._call(url, fs, "cat_file", path, start=start, end=end)
+                except (OSError, ValueError) as e:
+                    # s3 (and others) answer a range that starts past the end with an error:
+                    # past the end only if the target's size says so.
+                    if upto or start == 0 or isinstance(e, FileNotFoundError | PermissionError):
+                        raise
+                    info = await self._call(url, fs, "info", path)
+                    if (past := _past_end(url, start, end, info.get("size"), b"")) is None:
+                        raise
+                    raise past from None
             if not isinstance(data, bytes | bytearray | memoryview):
                 raise FetchError(url, f"bytes {start}-{end}: backend returned {type(data)}")
             if upto and not data:
                 raise ValueError(f"nothing at {start}: past the end of the target")
+            if len(data) < want and not upto and not isinstance(fs, HTTPFileSystem):
+                # Short: past the end of the target, or a short answer (retried)?
+                info = await self._call(url, fs, "info", path)
+                past = _past_end(url, start, end, info.get("size"), bytes(data))
+                if past is not None:
+                    raise past
             if len(data) != want and not (upto and len(data) < want):
                 # A server that ignores Range, or a target shorter than its reference.
                 raise ShortRead(f"got {len(data)} bytes, expected {want}")

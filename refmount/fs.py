@@ -7,6 +7,7 @@ non-FUSEError exception escapes a handler.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -18,6 +19,7 @@ from contextlib import aclosing
 from typing import Any, TypeVar
 
 import pyfuse3
+import trio
 
 from .decoded import ChunkDecoder, DecodedArray, DecodedTree, DecodeError
 from .fetch import FetchError
@@ -107,7 +109,14 @@ class RefFS(pyfuse3.Operations):
         self.decoder = decoder  # with -o decode; the tree is then a DecodedTree
         self._handles: dict[int, _Handle] = {}
         self._opened: dict[int, int] = {}  # inode -> open handles
+        # inode -> st_size of a range found to run past the end of its target (see _clip)
+        self._clipped: dict[int, int] = {}
+        self._background: trio.Nursery | None = None
         self._next_fh = 1
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        """Where kernel notifications that may wait for the kernel run: the daemon's nursery."""
+        self._background = nursery
 
     # ---- attributes ---------------------------------------------------------------------
     def _attr(self, ino: int, is_dir: bool, size: int) -> pyfuse3.EntryAttributes:
@@ -138,7 +147,14 @@ class RefFS(pyfuse3.Operations):
         if not node.is_dir:
             size = await self.tree.size(node)
             if size < 0:
-                size = await self.reader.size(await self.tree.ref(node))
+                try:
+                    size = await self.reader.size(await self.tree.ref(node))
+                except FetchError as e:
+                    # A listed file always stats: size unknown (0, attributes the kernel may
+                    # not cache, as readdir lists it); opening it fails with EIO (``open``).
+                    log.error("size of key %s: %s", self.tree.path(node).decode(errors="replace"), e)
+                    size = -1
+            size = self._clipped.get(node.ino, size)
         return self._attr(node.ino, node.is_dir, size)
 
     def _node(self, ino: int) -> Node:
@@ -187,11 +203,14 @@ class RefFS(pyfuse3.Operations):
         # readdir_reply copies the attributes into the reply, so one object per kind is
         # reused and only the per-entry fields change: this loop runs for every entry.
         file_attr, dir_attr = self._attr(0, False, 0), self._attr(0, True, 0)
+        clipped = self._clipped
         async with aclosing(self.tree.entries(node, max(start_id - 2, 0))) as entries:
             async for name, ino, is_dir, next_id, size in entries:
                 if is_dir:
                     attr = dir_attr
                 elif size >= 0:
+                    if clipped and ino in clipped:
+                        size = clipped[ino]
                     attr = file_attr
                     attr.st_size = size
                     attr.st_blocks = (size + 511) // 512
@@ -217,6 +236,10 @@ class RefFS(pyfuse3.Operations):
         ref = await self.tree.ref(node)
         array = self.tree.array(node) if isinstance(self.tree, DecodedTree) else None
         key = self.tree.path(node).decode("utf-8", "surrogateescape") if array is not None else ""
+        if array is None:  # a decoded chunk's size comes from its array, not its target
+            if ref.kind is RefKind.WHOLE:
+                await self.reader.size(ref)  # a target whose size cannot be found is not opened
+            self._clip(node, ref)  # its target's size may be known from other keys' reads
         self._handles[fh] = _Handle(node, ref, array, key)
         self.stats.opens += 1
         self.stats.open_files += 1
@@ -255,10 +278,43 @@ class RefFS(pyfuse3.Operations):
             self.stats.errors += 1
             log.error("read failed: key=%s %s", self.tree.path(h.node).decode(errors="replace"), e)
             raise pyfuse3.FUSEError(errno.EIO) from None
+        if h.array is None and h.ref.kind is RefKind.RANGE and h.node.ino not in self._clipped:
+            self._clip(h.node, h.ref)
         self.stats.bytes_read += len(data)
         if self.pusher is not None:
             self.pusher.given(h.node.ino)
         return data
+
+    def _clip(self, node: Node, ref: Ref) -> None:
+        """A range found to run past the end of its target (its reads give the bytes that
+        exist): from now on its ``st_size`` is the length of those.
+
+        The kernel learns it from the short READ itself: it shrinks its size of the file to
+        where the answer ended, and zero-fills the rest of the pages it asked for, which then
+        lie past its end — unless the file's attributes changed between the READ and the
+        reader taking its answer, so the kernel is not told now (an invalidation then would
+        make it keep the stated size over the zero-filled pages). ``INVALIDATE_DELAY`` later,
+        from a worker thread (it waits for pages that READs still hold), the file's cached
+        attributes and pages are dropped, so that a size the kernel got otherwise meanwhile
+        (an ``ls -l`` racing the first read) does not last."""
+        length = self.reader.clipped(ref)
+        if length is None or node.ino in self._clipped:
+            return
+        if len(self._clipped) < 1 << 20:  # beyond that, short reads still end the file
+            self._clipped[node.ino] = length
+        log.warning("key %s: bytes %d-%d of %s run past its end: serving the %d bytes that exist",
+                    self.tree.path(node).decode(errors="replace"), ref.offset,
+                    ref.offset + ref.length, redact_url(ref.url or ""), length)
+        if self._background is not None:
+            self._background.start_soon(self._invalidate, node.ino)
+
+    INVALIDATE_DELAY = 1.0
+
+    async def _invalidate(self, ino: int) -> None:
+        await trio.sleep(self.INVALIDATE_DELAY)
+        # ENOENT: the kernel has forgotten the inode, and will ask when it looks it up again.
+        with contextlib.suppress(OSError):
+            await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino, False)
 
     async def release(self, fh: int) -> None:
         h = self._handles.pop(fh, None)

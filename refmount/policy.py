@@ -43,7 +43,9 @@ class TargetPolicy:
     def __init__(self, local_roots: list[str], base_dir: str | None, remote_protocol: str | None):
         self.local_roots = [os.path.realpath(r) for r in local_roots]
         self.confined = self.local_roots != ["/"]
-        self.base_dir = base_dir  # relative local paths are relative to SOURCE's directory
+        # Relative local paths are relative to SOURCE's directory (a JSON file's directory,
+        # or a Parquet set's own directory; see ``relative``).
+        self.base_dir = base_dir
         self.remote_protocol = remote_protocol
         self._protocols: dict[str, str | None] = {}
 
@@ -57,6 +59,13 @@ class TargetPolicy:
                 return url  # refused by check(): no directory to be relative to
             url = os.path.join(self.base_dir, url)
         return url
+
+    def relative(self, url: str) -> bool:
+        """Whether ``url`` is a relative local path, which ``full_url`` joins to ``base_dir``
+        (a path without a protocol takes ``remote_protocol``'s instead, when one is set)."""
+        if "://" in url or "::" in url or os.path.isabs(url):
+            return False
+        return not (self.remote_protocol and self.remote_protocol not in _LOCAL)
 
     def _chain(self, url: str) -> list[tuple[str, str]]:
         """(protocol, path) of each link of a (possibly chained) URL."""
@@ -113,7 +122,13 @@ class TargetPolicy:
 
 def target_policy(cfg: MountConfig) -> TargetPolicy:
     local_source = "://" not in cfg.source and "::" not in cfg.source
-    base = os.path.dirname(os.path.realpath(cfg.source)) if local_source else None
+    base = None
+    if local_source:
+        # A directory SOURCE is a Parquet set: relative paths in it are relative to the
+        # directory itself (record files name theirs relative to their own directory, below
+        # it: see refs/parquet.py), as they are to the directory of a ``.zmetadata`` SOURCE.
+        real = os.path.realpath(cfg.source)
+        base = real if os.path.isdir(real) else os.path.dirname(real)
     return TargetPolicy(cfg.local_roots(), base, cfg.remote_protocol)
 
 

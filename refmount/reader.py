@@ -26,7 +26,7 @@ import trio
 
 from .cache import Block, DiskCache, MemoryLRU
 from .cachewriter import CacheWriter
-from .fetch import Fetcher, FetchError
+from .fetch import Fetcher, FetchError, PastEnd
 from .prefetch import TargetReadahead
 from .refs import Ref, RefKind
 from .stats import Stats
@@ -100,17 +100,45 @@ class RefReader:
         """Where background work (disk writes, readahead) runs: the daemon's nursery."""
         self._background = nursery
 
+    def clipped(self, ref: Ref) -> int | None:
+        """The length of a range that runs past the end of its target, once the target's
+        size is known (a fetch met its end, or it was measured): the bytes that exist.
+        None for any other reference."""
+        if ref.kind is not RefKind.RANGE or ref.url is None:
+            return None
+        size = self._sizes.get(ref.url)
+        if size is None or ref.offset + ref.length <= size:
+            return None
+        return max(size - ref.offset, 0)
+
+    async def _cat(self, url: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of ``url``; a range running past the end of the target gives
+        the bytes that exist, and the target's size is remembered (see ``clipped``)."""
+        try:
+            return await self.fetcher.cat_range(url, start, end)
+        except PastEnd as e:
+            if url not in self._sizes:
+                log.debug("%s ends at byte %d, inside a range read from it", url, e.size)
+                self._remember_size(url, e.size)
+            if e.data:  # also where reads of the clipped range look for it
+                self.memory.put((url, start, len(e.data)), e.data)
+            return e.data
+
+    def _remember_size(self, url: str, size: int) -> None:
+        if len(self._sizes) > 1_000_000:
+            self._sizes.clear()
+        self._sizes[url] = size
+
     async def size(self, ref: Ref) -> int:
         if ref.kind is not RefKind.WHOLE or ref.length >= 0:
-            return ref.length
+            clipped = self.clipped(ref)
+            return ref.length if clipped is None else clipped
         assert ref.url is not None
         size = self._sizes.get(ref.url)
         if size is None:
             size = await self.fetcher.size(ref.url)
-            if len(self._sizes) > 1_000_000:
-                self._sizes.clear()
-            self._sizes[ref.url] = size
-        return size
+            self._remember_size(ref.url, size)
+        return max(size - ref.offset, 0)  # a Parquet row without a size: offset to the end
 
     async def read(
         self, ref: Ref, off: int, size: int, state: ReadState | None = None
@@ -149,7 +177,7 @@ class RefReader:
 
             def fetch_whole() -> Awaitable[bytes]:
                 self.readahead.note(url, start, start + total, self._background, miss=True)
-                return self.fetcher.cat_range(url, start, start + total)
+                return self._cat(url, start, start + total)
 
             data = await self._shared(key, fetch_whole)
             return memoryview(data)[off:end]
@@ -194,7 +222,7 @@ class RefReader:
     def _block(self, url: str, base: int, total: int, b: int) -> tuple[tuple[str, int, int], Callable]:
         start = base + b * self.block_size
         stop = base + min((b + 1) * self.block_size, total)
-        return (url, start, stop - start), lambda: self.fetcher.cat_range(url, start, stop)
+        return (url, start, stop - start), lambda: self._cat(url, start, stop)
 
     async def _read_blocks(
         self, url: str, base: int, total: int, off: int, end: int, state: ReadState | None
@@ -352,7 +380,7 @@ class RefReader:
         )
 
     def _to_disk(self, key: Hashable, data: bytes | memoryview) -> None:
-        if self.disk_writer is not None and isinstance(key, tuple):
+        if self.disk_writer is not None and isinstance(key, tuple) and len(data):
             self.disk_writer.submit(key[0], key[1], data)  # written by the writer process
 
     @overload

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import posixpath
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,7 +155,12 @@ def _int64(column: pa.Array, name: str, where: str) -> np.ndarray:
 class Record:
     """The references of one record file, decoded to arrays (no object per row)."""
 
-    def __init__(self, table: pa.Table | None, where: str) -> None:
+    def __init__(self, table: pa.Table | None, where: str, prefix: str = "",
+                 relative: Callable[[str], bool] | None = None) -> None:
+        # A relative target path is relative to the directory of the record file naming it
+        # (``prefix``, from the set's root, which is where such paths are resolved from).
+        self.prefix = prefix
+        self.relative = relative
         if table is None:  # no such record file: all its keys are absent
             self.n = 0
             self.exists = np.zeros(0, bool)
@@ -187,6 +194,8 @@ class Record:
         self.raw = raw
         self.offset = _int64(cols["offset"], "offset", where) if "offset" in cols else None
         size = _int64(cols["size"], "size", where) if "size" in cols else np.zeros(n, np.int64)
+        no_size = (cols["size"].is_null().to_numpy(zero_copy_only=False) if "size" in cols
+                   else np.zeros(n, bool))
         has_raw = raw.is_valid().to_numpy(zero_copy_only=False) if raw is not None else np.zeros(n, bool)
         has_path = path.is_valid().to_numpy(zero_copy_only=False) if path is not None else np.zeros(n, bool)
         self.exists = has_raw | has_path
@@ -198,7 +207,8 @@ class Record:
         # Size of each key: raw length; range size; -1 for a whole-file target. As fsspec's
         # reader has it, only offset 0 *and* size 0 mean the whole target: size 0 at another
         # offset is an empty range (serving the whole target would expose bytes outside it).
-        whole = (offset == 0) & (size == 0)
+        # A null size is the target from ``offset`` to its end (as GDAL reads such a row).
+        whole = ((offset == 0) & (size == 0)) | no_size
         self.sizes = np.where(has_raw, raw_len, np.where(whole, -1, size)).astype(np.int64)
         self.sizes[~self.exists] = -2
 
@@ -210,10 +220,12 @@ class Record:
             return Ref(RefKind.INLINE, None, 0, len(data), data)
         assert self.path is not None
         url = self.path[row].as_py()
+        if self.relative is not None and self.relative(url):
+            url = posixpath.join(self.prefix, url)
         size = int(self.sizes[row])
-        if size < 0:
-            return Ref(RefKind.WHOLE, url, 0, -1)
         offset = int(self.offset[row]) if self.offset is not None else 0
+        if size < 0:
+            return Ref(RefKind.WHOLE, url, offset, -1)
         return Ref(RefKind.RANGE, url, offset, size)
 
     def size(self, row: int) -> int:
@@ -224,8 +236,10 @@ class Record:
 class RecordCache:
     """Loads record files off the trio loop, one load per record at a time, LRU-bounded."""
 
-    def __init__(self, pset: ParquetSet, target_options: dict[str, Any], capacity: int = 64) -> None:
+    def __init__(self, pset: ParquetSet, target_options: dict[str, Any], capacity: int = 64,
+                 relative: Callable[[str], bool] | None = None) -> None:
         self.pset = pset
+        self.relative = relative  # which target paths are relative (TargetPolicy.relative)
         self.target_options = target_options
         self.capacity = capacity
         self._lru: OrderedDict[tuple[int, int], Record] = OrderedDict()
@@ -245,7 +259,7 @@ class RecordCache:
             return Record(None, url)
         except (pa.ArrowInvalid, OSError) as e:
             raise ReferenceSetError(f"{url}: unreadable Parquet ({e})") from None
-        return Record(table, url)
+        return Record(table, url, array.path + "/", self.relative)
 
     async def get(self, array_id: int, record: int) -> Record:
         key = (array_id, record)
