@@ -18,6 +18,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from .redact import redact_url
 from .refs import KeyIndex, Ref, RefKind, build_index
 from .refs.parquet import ParquetSet, RecordCache, load_parquet_set, parquet_root
 
@@ -161,7 +162,7 @@ def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
     finally:
         progress.close()
     return {
-        "source": source,
+        "source": redact_url(source),  # printed: no user:password@, tokens or signatures
         "format": "parquet" if parquet_root(source, target_options) else "json",
         "keys": keys,
         "arrays": arrays,
