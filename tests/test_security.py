@@ -303,6 +303,35 @@ def test_read_time_policy_comes_before_the_disk_cache(tmp_path):
     assert isinstance(got, FetchError) and "outside the allowed directories" in str(got), got
 
 
+def test_cache_identity_is_the_resolved_path_and_the_confinement(tmp_path, monkeypatch):
+    """Without a mount: ``file://relative`` and bare relative paths resolve against SOURCE's
+    directory whatever the working directory, ``~`` against the home directory when the policy
+    was made; the identity of a local target in the disk cache is that absolute path, plus the
+    allowed directories of a confined mount."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    monkeypatch.setenv("HOME", str(a))
+    pa = TargetPolicy(["/"], str(a), None)
+    monkeypatch.setenv("HOME", str(b))
+    pb = TargetPolicy(["/"], str(b), None)
+    for cwd in (a, b, Path("/")):
+        monkeypatch.chdir(cwd)
+        assert pa.full_url("file://data.bin") == f"file://{a}/data.bin"
+        assert pa.full_url("data.bin") == f"{a}/data.bin"
+        assert pb.full_url("file://x/../data.bin") == f"file://{b}/data.bin"
+        assert pa.full_url("file://~/h.bin") == f"file://{a}/h.bin"
+        assert pb.full_url("~/h.bin") == f"{b}/h.bin"
+        assert pa.cache_identity("file://~/h.bin") != pb.cache_identity("file://~/h.bin")
+    assert pa.full_url("https://h/x.bin") == "https://h/x.bin"
+    remote = TargetPolicy(["/"], None, None)
+    assert "relative local path" in (remote.problem("file://data.bin", resolve=False) or "")
+    confined = TargetPolicy([str(a)], str(a), None)
+    url = str(a / "data.bin")
+    assert confined.cache_identity(url) != pa.cache_identity(url)  # never each other's blocks
+    assert pa.cache_identity(url) == pa.full_url(url)  # private mounts keep their keys
+
+
 # --- 3. response bodies are bounded ---------------------------------------------------------------
 
 
