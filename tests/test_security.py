@@ -146,6 +146,7 @@ def test_symlink_flip_race_reads_no_secret_bytes(mount, public, secret):
     r = as_nobody(SYSTEM_PYTHON, "-c", RACE_SCRIPT, str(drop), str(m.path), str(secret), str(n), "8")
     assert r.returncode == 0, r.stderr.decode(errors="replace")
     counts = json.loads(r.stdout)
+    print(f"symlink flip race as nobody: {counts}")
     assert counts["secret_bytes"] == 0, f"nobody read secret bytes through the mount: {counts}"
     assert counts["ok"] > 0 and counts["error"] > 0 and counts["flips"] > 10, (
         f"the race was not exercised: {counts}")
