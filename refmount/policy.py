@@ -47,6 +47,7 @@ class TargetPolicy:
         self.remote_protocol = remote_protocol
         self.home = os.path.expanduser("~")  # fixed once: "~" in URLs means this directory
         self._protocols: dict[str, str | None] = {}
+        self._remote: dict[str, str | None] = {}  # verdicts on single-link remote URLs
 
     def full_url(self, url: str) -> str:
         """The URL as this mount reads it. Local paths come out absolute and normalised, the
@@ -111,6 +112,22 @@ class TargetPolicy:
         """Why ``url`` may not be read (None if it may). ``resolve`` follows symlinks of
         local paths (file system I/O: call it from a worker thread)."""
         full = self.full_url(url)
+        protocol, sep, _ = full.partition("://")
+        if sep and protocol not in _LOCAL and "::" not in full:
+            # One remote link: the answer depends on the URL alone (asked before every
+            # fetch and disk-cache lookup), so it is remembered.
+            try:
+                return self._remote[full]
+            except KeyError:
+                pass
+            reason = self._problem(full, resolve=False)
+            if len(self._remote) >= 100_000:
+                self._remote.clear()
+            self._remote[full] = reason
+            return reason
+        return self._problem(full, resolve=resolve)
+
+    def _problem(self, full: str, *, resolve: bool) -> str | None:
         protocol, sep, rest = full.partition("://")
         if "::" not in full and (not sep or protocol in _LOCAL) and not os.path.isabs(rest if sep else full):
             return "relative local path, and SOURCE is not a local file to be relative to"
