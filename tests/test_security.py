@@ -225,29 +225,36 @@ def test_fifo_device_and_directory_targets_fail_at_once_and_block_nothing(mount,
 
 
 @fuse
-def test_cache_and_logs_are_private_whatever_the_umask(mount, tmp_path):
-    """Mounted under umask 000, with a block directory an older version made 0755: afterwards
-    every directory and file in cache_dir and the log file are the mounting user's only."""
-    set_dir = tmp_path / "set"
-    set_dir.mkdir()
-    (set_dir / "data.bin").write_bytes(os.urandom(3 * 2**20))
+def test_cache_and_logs_are_private_whatever_the_umask(mount, public):
+    """A root allow_other mount made under umask 000, its cache in a directory everyone may
+    enter, with a block directory an older version made 0755; nobody reads through the mount.
+    Afterwards every directory and file of the block cache and the index, and the log file,
+    are the mounting user's only, and nobody can read any of the cached files."""
+    set_dir = mkdir_public(public / "set")
+    data = os.urandom(3 * 2**20)
+    (set_dir / "data.bin").write_bytes(data)
     src = write_json(set_dir / "refs.json", {"a": [str(set_dir / "data.bin"), 0, 2**20],
                                              "b": [str(set_dir / "data.bin")]})
-    cache = tmp_path / "cache"
+    cache = mkdir_public(public / "cache")
     old_dir = cache / "blocks" / "00"
     old_dir.mkdir(parents=True)
+    (cache / "blocks").chmod(0o755)
     old_dir.chmod(0o755)
     old = os.umask(0)
     try:
-        m = mount(src, f"cache_dir={cache}")
+        m = mount(src, "allow_other", f"cache_dir={cache}", mnt=mkdir_public(public / "mnt"))
     finally:
         os.umask(old)
-    assert (m / "a").read_bytes() and (m / "b").read_bytes()
+    for key in ("a", "b"):
+        assert as_nobody("cat", str(m / key)).returncode == 0
     m.cleanup()  # the cache writer finishes its blocks on unmount
-    blocks = [p for p in (cache / "blocks").rglob("*") if p.is_file()]
-    assert blocks and list((cache / "index").glob("*.arrow")), "nothing was cached: test is void"
+    files = [p for p in cache.rglob("*") if p.is_file()]
+    assert any("blocks" in p.parts for p in files) and list((cache / "index").glob("*.arrow")), (
+        "nothing was cached: test is void")
     bad = private_modes(cache / "blocks") + private_modes(cache / "index") + private_modes(m.log)
-    assert not bad, "readable by others:\n" + "\n".join(bad)
+    assert not bad, "usable by others:\n" + "\n".join(bad)
+    r = as_nobody("cat", *map(str, files))
+    assert data[:4096] not in r.stdout and r.stdout == b"", f"nobody read {len(r.stdout)} bytes"
 
 
 @fuse
