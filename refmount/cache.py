@@ -9,6 +9,7 @@ import hashlib
 import logging
 import mmap
 import os
+import stat
 import struct
 import threading
 import time
@@ -107,6 +108,16 @@ class _AlignedBuffer(threading.local):
 
 def round_up(n: int, to: int) -> int:
     return -(-n // to) * to
+
+
+def private_dir(path: str) -> None:
+    """Create ``path`` (and its parents) for the mounting user only: mode 0700, whatever the
+    umask. An existing directory of ours that others may enter (made by an older version,
+    or under another umask) is made private too; one owned by someone else is left alone."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path, follow_symlinks=False)
+    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, 0o700, follow_symlinks=False)
 
 
 class DiskCache:
@@ -228,7 +239,7 @@ class DiskCache:
             self._marked_before_scan = []
             self._present = present
 
-    def _open(self, path: str, flags: int, mode: int = 0o644) -> tuple[int, bool]:
+    def _open(self, path: str, flags: int, mode: int = 0o600) -> tuple[int, bool]:
         """Open with O_DIRECT when this filesystem supports it; returns (fd, direct)."""
         if self._direct:
             try:
@@ -317,14 +328,16 @@ class DiskCache:
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
             if not self._dirs_ready:
+                # Private to the mounting user: blocks are what it (perhaps root) could read.
+                private_dir(self.root)
                 for i in range(256):
-                    os.makedirs(os.path.join(self.root, f"{i:02x}"), exist_ok=True)
+                    private_dir(os.path.join(self.root, f"{i:02x}"))
                 self._dirs_ready = True
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
             if size <= self.DIRECT_LIMIT:
                 fd, direct = self._open(tmp, flags)
             else:
-                fd, direct = os.open(tmp, flags, 0o644), False
+                fd, direct = os.open(tmp, flags, 0o600), False
             try:
                 if direct:
                     aligned = round_up(size, self.ALIGN)

@@ -150,6 +150,7 @@ def _run(args: argparse.Namespace) -> int:
     # Until the daemon takes over, warnings (e.g. skipped keys) go to stderr.
     _stderr_warnings()
     launcher = None
+    index_file: IndexFile | None = None
     try:
         if cfg.recover:
             recover_stale_mount(cfg.mountpoint)
@@ -163,6 +164,8 @@ def _run(args: argparse.Namespace) -> int:
     except BaseException as e:
         if launcher is not None:
             launcher.abort()
+        if index_file is not None:
+            _remove_temporary(index_file)  # it holds every target URL of the refused set
         if isinstance(e, ReferenceSetError | MountError | TargetRefused):
             return _fail(str(e))
         if isinstance(e, MemoryError):
@@ -176,6 +179,8 @@ def _run(args: argparse.Namespace) -> int:
             return serve(cfg, index_file, on_ready=lambda: None)
         except MountError as e:
             return _fail(str(e))
+        finally:
+            _remove_temporary(index_file)
     assert launcher is not None
     return launcher.hand_over(cfg, index_file)
 
@@ -192,6 +197,12 @@ def _warn_not_decoded(cfg: MountConfig, index_file: IndexFile) -> None:
     else:
         metadata = KeyIndex.open(index_file.path)
     DecodedView.from_index(metadata).warn()
+
+
+def _remove_temporary(index_file: IndexFile) -> None:
+    if index_file.temporary:
+        with contextlib.suppress(OSError):
+            os.unlink(index_file.path)
 
 
 def _stderr_warnings() -> None:
@@ -266,8 +277,7 @@ class DaemonLauncher:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait()
-        if index_file.temporary and os.path.exists(index_file.path):
-            os.unlink(index_file.path)
+        _remove_temporary(index_file)
         if message and message.startswith("ERROR "):
             return _fail(message[6:])
         self._errlog.seek(0)

@@ -24,7 +24,7 @@ import pyfuse3
 import trio
 
 from . import guestloop
-from .cache import Block, DiskCache, MemoryLRU
+from .cache import Block, DiskCache, MemoryLRU, private_dir
 from .cachewriter import CacheWriter
 from .config import MountConfig
 from .decoded import ChunkDecoder, DecodedTree, DecodedView
@@ -53,7 +53,7 @@ def setup_logging(cfg: MountConfig, detached: bool) -> str:
     target = cfg.log or ("syslog" if detached else "stderr")
     handler: logging.Handler
     if target == "syslog" and not os.path.exists("/dev/log"):
-        os.makedirs(os.path.join(cfg.cache_dir, "log"), exist_ok=True)
+        private_dir(os.path.join(cfg.cache_dir, "log"))
         name = cfg.mountpoint.strip("/").replace("/", "_") or "root"
         target = os.path.join(cfg.cache_dir, "log", f"{name}.log")
     if target == "stderr":
@@ -63,6 +63,8 @@ def setup_logging(cfg: MountConfig, detached: bool) -> str:
         handler = logging.handlers.SysLogHandler(address="/dev/log")
         handler.setFormatter(RedactingFormatter(f"refmount[{os.getpid()}]: %(levelname)s %(message)s"))
     else:
+        # A new log file is the mounting user's only: it names targets and keys.
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600))
         handler = logging.FileHandler(target)
         handler.setFormatter(RedactingFormatter(LOG_FORMAT))
     root.addHandler(handler)
@@ -119,8 +121,8 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
         # A reference's URL is resolved like the fetcher does (SOURCE's directory,
         # remote_protocol), and the storage options (endpoint, ...) are part of the key.
         options = hashlib.sha256(json.dumps(cfg.remote_options, sort_keys=True, default=str).encode())
-        tag, full_url = options.hexdigest()[:16], fetcher.policy.full_url
-        disk = DiskCache(cfg.cache_dir, cfg.cache_size, target_key=lambda url: f"{tag}\0{full_url(url)}")
+        tag, identity = options.hexdigest()[:16], fetcher.policy.cache_identity
+        disk = DiskCache(cfg.cache_dir, cfg.cache_size, target_key=lambda url: f"{tag}\0{identity(url)}")
     reader = RefReader(
         fetcher,
         MemoryLRU(cfg.memory_cache_size),
@@ -220,6 +222,7 @@ async def _trim_when_idle(ops: RefFS, trim: Callable[[int], int]) -> None:
 def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None]) -> int:
     """Mount and serve until unmounted or signalled. Raises MountError before mounting."""
     trim = tune_malloc()
+    os.umask(0o077)  # whatever the daemon creates (cache, logs) is the mounting user's only
     check_mountpoint(cfg.mountpoint)
     ops = build_filesystem(cfg, index_file)
     try:

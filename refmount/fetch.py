@@ -18,6 +18,7 @@ import asyncio.selector_events
 import concurrent.futures
 import contextlib
 import errno
+import functools
 import logging
 import random
 import re
@@ -29,8 +30,10 @@ import fsspec
 import trio
 from fsspec.core import url_to_fs
 from fsspec.implementations.http import HTTPFileSystem
+from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
 
+from . import localfile
 from .policy import TargetPolicy
 from .redact import redact_url
 from .stats import Stats
@@ -139,7 +142,22 @@ async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False
                 return bytes(body)
         else:
             raise ShortRead(f"unexpected HTTP status {r.status} for a range request")
-        return await r.read()
+        # Never more than the range: an endless body (no length, or a lying one) is cut off.
+        return await read_bounded(r, int(got[2]) - start + 1 if r.status == 206 else end - start)
+
+
+async def read_bounded(r: Any, limit: int) -> bytes:
+    """The body of response ``r``, read piece by piece; ShortRead as soon as it is known to
+    be longer than ``limit`` bytes (at most ``limit + 1`` bytes are ever held)."""
+    if r.content_length is not None and r.content_length > limit:
+        raise ShortRead(f"response body of {r.content_length} bytes for a range of {limit}")
+    pieces, got = [], 0
+    while got <= limit and (piece := await r.content.read(min(limit + 1 - got, 2**22))):
+        pieces.append(piece)
+        got += len(piece)
+    if got > limit:
+        raise ShortRead(f"response body longer than the {limit} bytes asked for: cut off")
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 async def await_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> Any:
@@ -295,6 +313,8 @@ class Fetcher:
                 raise FetchError(url, reason, errno.EACCES)
             return await self._run(fs, getattr(fs, "_" + method)(*args, **kw))
         fn: Callable[..., Any] = getattr(fs, method)
+        if isinstance(fs, LocalFileSystem):  # opened beneath the allowed directories, no symlinks
+            fn = functools.partial(localfile.call, method, self.policy.roots)
 
         def checked() -> Any:
             # Local (or chained) target: resolve symlinks right before opening, in the thread.

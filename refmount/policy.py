@@ -47,18 +47,45 @@ class TargetPolicy:
         # or a Parquet set's own directory; see ``relative``).
         self.base_dir = base_dir
         self.remote_protocol = remote_protocol
+        self.home = os.path.expanduser("~")  # fixed once: "~" in URLs means this directory
         self._protocols: dict[str, str | None] = {}
+        self._remote: dict[str, str | None] = {}  # verdicts on single-link remote URLs
 
     def full_url(self, url: str) -> str:
-        if "://" in url or "::" in url:
+        """The URL as this mount reads it. Local paths come out absolute and normalised, the
+        same in the CLI and in the daemon (whose working directory is ``/``): a relative
+        path (also ``file://relative``) is relative to SOURCE's directory, and ``~`` is the
+        home directory of the mounting user."""
+        if "::" in url:
             return url
-        if self.remote_protocol and self.remote_protocol not in _LOCAL:
+        protocol, sep, rest = url.partition("://")
+        if sep and protocol not in _LOCAL:
+            return url
+        if not sep and self.remote_protocol and self.remote_protocol not in _LOCAL:
             return f"{self.remote_protocol}://{url}"
-        if not os.path.isabs(url):
+        path = rest if sep else url
+        if path.startswith("~"):
+            path = os.path.join(self.home, path[1:].lstrip("/")) if path[1:2] in ("", "/") else path
+        if not os.path.isabs(path):
             if self.base_dir is None:
-                return url  # refused by check(): no directory to be relative to
-            url = os.path.join(self.base_dir, url)
-        return url
+                return url  # refused by problem(): no directory to be relative to
+            path = os.path.join(self.base_dir, path)
+        path = os.path.normpath(path)
+        return f"{protocol}://{path}" if sep else path
+
+    def cache_identity(self, url: str) -> str:
+        """What names a target in a disk cache shared with other mounts: the URL as resolved
+        here, and, for a confined mount, its allowed directories — so that bytes cached by a
+        mount that may read more (a private one) are never served by one that may not."""
+        full = self.full_url(url)
+        if self.confined:
+            return f"{full}\0confined:{':'.join(self.local_roots)}"
+        return full
+
+    @property
+    def roots(self) -> list[str] | None:
+        """The allowed directories for local reads, None when not confined."""
+        return self.local_roots if self.confined else None
 
     def relative(self, url: str) -> bool:
         """Whether ``url`` is a relative local path, which ``full_url`` joins to ``base_dir``
@@ -94,6 +121,25 @@ class TargetPolicy:
         """Why ``url`` may not be read (None if it may). ``resolve`` follows symlinks of
         local paths (file system I/O: call it from a worker thread)."""
         full = self.full_url(url)
+        protocol, sep, _ = full.partition("://")
+        if sep and protocol not in _LOCAL and "::" not in full:
+            # One remote link: the answer depends on the URL alone (asked before every
+            # fetch and disk-cache lookup), so it is remembered.
+            try:
+                return self._remote[full]
+            except KeyError:
+                pass
+            reason = self._problem(full, resolve=False)
+            if len(self._remote) >= 100_000:
+                self._remote.clear()
+            self._remote[full] = reason
+            return reason
+        return self._problem(full, resolve=resolve)
+
+    def _problem(self, full: str, *, resolve: bool) -> str | None:
+        protocol, sep, rest = full.partition("://")
+        if "::" not in full and (not sep or protocol in _LOCAL) and not os.path.isabs(rest if sep else full):
+            return "relative local path, and SOURCE is not a local file to be relative to"
         try:
             chain = self._chain(full)
         except _BadURL as e:
@@ -117,6 +163,11 @@ class TargetPolicy:
                     where = local if real == os.path.normpath(local) else f"{local} (-> {real})"
                     return (f"local file {where} is outside the allowed directories ({roots}); "
                             "allow it with -o allow_local=DIR")
+        if self.confined and len(chain) > 1 and any(p in _LOCAL for p, _ in chain):
+            # Its inner file system would open the file itself, following symlinks: only a
+            # plain local path is opened beneath the allowed directories (localfile.py).
+            return ("a chained URL over a local file is not allowed where local files are "
+                    "confined: name the file itself, or allow all with -o allow_local=/")
         return None
 
 

@@ -17,7 +17,6 @@ in the background, never on the reader's path.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 from typing import overload
@@ -375,9 +374,17 @@ class RefReader:
         url, start, length = key
         if not self.disk.may_contain(url, start, length):
             return None  # a certain miss: no thread hop
-        return await trio.to_thread.run_sync(
-            functools.partial(self.disk.get, url, start, length, upto=upto), limiter=self._disk_threads
-        )
+        disk, policy = self.disk, self.fetcher.policy
+
+        def lookup() -> Block | None:
+            # The read-time policy comes first: a block another mount cached (or this one,
+            # before a symlink was swapped in) is never a way around it. A refused target
+            # is a miss here, and the fetch then fails with the reason.
+            if policy.problem(url, resolve=True):
+                return None
+            return disk.get(url, start, length, upto=upto)
+
+        return await trio.to_thread.run_sync(lookup, limiter=self._disk_threads)
 
     def _to_disk(self, key: Hashable, data: bytes | memoryview) -> None:
         if self.disk_writer is not None and isinstance(key, tuple) and len(data):

@@ -18,6 +18,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from .redact import redact_url
 from .refs import KeyIndex, Ref, RefKind, build_index
 from .refs.parquet import ParquetSet, RecordCache, load_parquet_set, parquet_root
 
@@ -171,7 +172,7 @@ def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
         progress.close()
     _decoded_sizes(arrays, metadata, stored)
     return {
-        "source": source,
+        "source": redact_url(source),  # printed: no user:password@, tokens or signatures
         "format": "parquet" if parquet_root(source, target_options) else "json",
         "keys": keys,
         "arrays": arrays,

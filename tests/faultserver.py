@@ -22,6 +22,9 @@
                    close the connection
   ``stall_body``   send the headers and ``fraction`` of the body, then stall like ``stall``
   ``delay``        wait ``seconds``, then answer correctly (a slow, far-away store)
+  ``endless``      ``206`` with the right ``Content-Range`` but no ``Content-Length``, then a
+                   body that never ends (until the client hangs up, ``seconds`` pass or
+                   ``stop()``); ``Request.sent`` counts the body bytes written
 
   Faults apply to ``GET`` unless ``methods`` says otherwise.
 * Every request is recorded (:class:`Request`: time, method, path, query, headers, status,
@@ -48,7 +51,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 FAULT_KINDS = ("status", "drop", "short", "extra", "ignore_range", "wrong_range", "stall",
-               "stall_body", "delay")
+               "stall_body", "delay", "endless")
 MAX_STALL = 120.0  # no stall lasts longer than this, whatever the test asks
 
 
@@ -85,6 +88,7 @@ class Request:
     fault: str | None = None
     end: float | None = None  # when the response was finished or abandoned
     raw_target: str = ""  # the request target exactly as received
+    sent: int = 0  # body bytes written ("endless")
 
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
@@ -190,6 +194,9 @@ class _Handler(BaseHTTPRequestHandler):
             partial = True
 
         kind = fault.kind if fault is not None else None
+        if kind == "endless" and partial:
+            self._endless(rec, start, end, size, fault.seconds)
+            return
         if kind == "wrong_range" and partial:
             start, end = start + fault.shift, min(end + fault.shift, size)
         body = data[start:end]
@@ -221,6 +228,25 @@ class _Handler(BaseHTTPRequestHandler):
             self._abort()
             return
         self._send(rec, status, headers, body, close=kind is not None)
+
+
+    def _endless(self, rec: Request, start: int, end: int, size: int, seconds: float) -> None:
+        self.send_response(206)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Range", f"bytes {start}-{end - 1}/{size}")
+        self.send_header("Connection", "close")
+        self.close_connection = True
+        self.end_headers()
+        piece = b"E" * 2**16
+        deadline = time.monotonic() + min(seconds, MAX_STALL)
+        try:
+            while time.monotonic() < deadline and not self.server.stopping.is_set():
+                self.wfile.write(piece)
+                rec.sent += len(piece)
+        except OSError:
+            pass  # the client hung up: what a bounded reader does
+        self._finish(rec, 206)
+        self._abort()
 
 
 class _Server(ThreadingHTTPServer):

@@ -384,7 +384,7 @@ def summary_metadata(table: pa.Table) -> dict[str, str]:
 def write_index(table: pa.Table, path: str, metadata: dict[str, str]) -> None:
     """Write atomically (temp file + rename), so concurrent mounts never see half a file."""
     directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(directory, mode=0o700, exist_ok=True)  # the index holds every target URL
     schema = table.schema.with_metadata({"format": INDEX_FORMAT, **metadata})
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".arrow")
     try:
