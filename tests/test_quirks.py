@@ -221,3 +221,27 @@ def test_malformed_json_near_nan_still_refused_with_the_text_as_written(mount_fa
     src.write_text('{"a": {"b": NaN,, "c": 1}}')
     _r, line = mount_fails(src, must_mention=("malformed JSON",))
     assert "near 'NaN,," in line and not re.search("[0-9a-f]{8}", line.split("near")[1]), line
+
+
+@pytest.mark.fuse
+def test_parquet_zmetadata_with_nan(mount, tmp_path):
+    """refs_to_dataframe writes '.zmetadata' with bare NaN/Infinity when metadata values hold
+    them: mounted, served as json.dumps renders them, counted by inspect."""
+    from kerchunk.df import refs_to_dataframe
+
+    target = tmp_path / "data.bin"
+    target.write_bytes(bytes(range(64)))
+    refs = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in nan_set(target).items()}
+    del refs["text"]
+    out = tmp_path / "refs.parq"
+    refs_to_dataframe(refs, str(out), record_size=10)
+    assert b"NaN" in (out / ".zmetadata").read_bytes()
+    m = mount(out, "no_disk_cache")
+    files, _dirs = walk(m)
+    assert files == {".zgroup", "x/.zarray", "x/.zattrs", "x/0", "x/1"}
+    assert (m / "x/.zarray").read_bytes() == json.dumps(NAN_META).encode()
+    assert (m / "x/.zattrs").read_bytes() == json.dumps(ATTRS).encode()
+    assert (m / "x/1").read_bytes() == bytes(range(32, 64))
+    r = run_cli("inspect", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["quirks"] == {"numbers were a bare NaN or Infinity": 3}
