@@ -73,16 +73,20 @@ def _parquet_refs(pset: ParquetSet, target_options: dict[str, Any]) -> Iterator[
                     yield f"{array.path}/{array.chunk_name(number)}", ref
 
 
-def iter_references(source: str, target_options: dict[str, Any], progress: Progress | None = None
-                    ) -> Iterator[tuple[str, Ref]]:
+def iter_references(source: str, target_options: dict[str, Any], progress: Progress | None = None,
+                    quirks: dict[str, int] | None = None) -> Iterator[tuple[str, Ref]]:
+    """(key, Ref) pairs; ``quirks`` (when given) receives the producer quirks accepted."""
     if parquet_root(source, target_options):
-        pairs: Iterator[tuple[str, Ref]] = _parquet_refs(
-            load_parquet_set(source, target_options, "error"), target_options
-        )
+        pset = load_parquet_set(source, target_options, "error")
+        found: dict[str, int] = pset.quirks
+        pairs: Iterator[tuple[str, Ref]] = _parquet_refs(pset, target_options)
     else:
         builder = build_index(source, target_options)
         index = KeyIndex(builder.finish())
+        found = builder.quirks
         pairs = ((k.decode(), r) for k, r in index.iter_refs())
+    if quirks is not None:
+        quirks.update((what, n) for what, n in found.items() if n)
     for pair in pairs:
         if progress is not None:
             progress.count += 1
@@ -135,8 +139,9 @@ def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
     arrays: dict[str, dict[str, Any]] = {}
     metadata: dict[str, bytes | None] = {}  # .zarray and .zmetadata keys, for the decoded view
     stored: dict[str, list[int]] = {}  # directory -> [chunk-like keys, their referenced bytes]
+    quirks: dict[str, int] = {}
     try:
-        for key, ref in iter_references(source, target_options, progress):
+        for key, ref in iter_references(source, target_options, progress, quirks):
             keys += 1
             head, _, name = key.rpartition("/")
             if name.endswith((".zarray", ".zmetadata")):
@@ -180,6 +185,7 @@ def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
         "referenced_bytes": referenced,
         "whole_file_refs": whole,
         "inline_bytes": inline_bytes,
+        "quirks": quirks,
     }
 
 
@@ -226,6 +232,8 @@ def format_inspect(info: dict[str, Any]) -> str:
         f"inline bytes      {info['inline_bytes']:,} ({human(info['inline_bytes'])})",
         f"arrays            {len(info['arrays'])}",
     ]
+    for i, (what, n) in enumerate(sorted(info.get("quirks", {}).items())):
+        lines.append(f"{'quirks accepted' if i == 0 else '':18}{n:,} {what}")
     if info["arrays"]:
         rows = [("array", "shape", "chunks", "dtype", "compressor", "codecs (decoding order)",
                  "stored", "decoded")]

@@ -19,8 +19,17 @@ import zstandard
 
 from ..config import MountConfig
 from .index import INDEX_FORMAT, IndexBuilder, KeyIndex, summary_metadata, write_index
-from .jsonrefs import IntegerOverflow, Opener, SurrogateEscapes, SurrogateWatch, detect_version, read_v0
+from .jsonrefs import (
+    IntegerOverflow,
+    MalformedJSON,
+    Opener,
+    SurrogateEscapes,
+    SurrogateWatch,
+    detect_version,
+    read_v0,
+)
 from .model import Ref, ReferenceSetError, RefKind
+from .nonfinite import NonFiniteWatch, filtered
 from .parquet import load_parquet_set, parquet_root
 from .source import open_source, source_identity
 
@@ -53,16 +62,38 @@ def build_index(source: str, target_options: dict, bad_keys: str = "error") -> I
     def watched():
         return SurrogateWatch(opener())
 
+    seen = [False]  # NaN/Infinity bytes went by (NonFiniteWatch)
+
+    def watched_twice():
+        return NonFiniteWatch(SurrogateWatch(opener()), seen)
+
+    def watched_nonfinite():
+        return NonFiniteWatch(opener(), seen)
+
+    nonfinite = python = False  # each switches on at most once: at most three parses
     try:
-        try:
-            return _build(watched, source, bad_keys, ijson)
-        except IntegerOverflow:
-            log.warning("%s has integers beyond 64 bits: parsing again with the slower Python "
-                        "parser", source)
-        except SurrogateEscapes:
-            log.info("%s has UTF-16 surrogate escapes: parsing again with the slower Python "
-                     "parser, which keeps them exactly", source)
-        return _build(opener, source, bad_keys, ijson.get_backend("python"))
+        while True:
+            backend = ijson.get_backend("python") if python else ijson
+            try:
+                if not nonfinite:
+                    return _build(watched_nonfinite if python else watched_twice, source, bad_keys, backend)
+                fopen, fbackend = filtered(opener if python else watched, backend)
+                builder = _build(fopen, source, bad_keys, fbackend)
+                builder.quirks["numbers were a bare NaN or Infinity"] += fbackend.count
+                return builder
+            except MalformedJSON:
+                if nonfinite or not seen[0]:
+                    raise
+                log.info("%s: parsing again with bare NaN and Infinity accepted as numbers", source)
+                nonfinite = True
+            except IntegerOverflow:
+                log.warning("%s has integers beyond 64 bits: parsing again with the slower Python "
+                            "parser", source)
+                python = True
+            except SurrogateEscapes:
+                log.info("%s has UTF-16 surrogate escapes: parsing again with the slower Python "
+                         "parser, which keeps them exactly", source)
+                python = True
     except ReferenceSetError:
         raise
     except (OSError, EOFError, ValueError, zstandard.ZstdError, lzma.LZMAError, zlib.error) as e:
@@ -103,6 +134,9 @@ def prepare_index(cfg: MountConfig) -> IndexFile:
 
     builder = build_index(cfg.source, cfg.target_options, cfg.bad_keys)
     table = builder.finish()
+    if builder.quirks:
+        log.info("accepted producer quirks: %s",
+                 ", ".join(f"{n} {what}" for what, n in builder.quirks.items()))
     if builder.skipped:
         log.warning("skipped %d keys that cannot be paths (bad_keys=skip), e.g. %r",
                     len(builder.skipped), builder.skipped[0])

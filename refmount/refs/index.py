@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -58,6 +59,7 @@ class IndexBuilder:
         self._batches: list[pa.RecordBatch] = []
         self._reset()
         self.skipped: list[str] = []
+        self.quirks: Counter[str] = Counter()  # producer quirks accepted: what -> how many
 
     def _reset(self) -> None:
         # Cleared in place after each flush, so add_items can keep local references.
@@ -250,12 +252,16 @@ class IndexBuilder:
         table = pa.Table.from_batches(self._batches, schema=plain).combine_chunks()
         self._batches = []
         if table.num_rows:
+            table, rooted = self._root_slash(table)
             # Arrow's sort is stable: among duplicate keys the last one read stays last.
-            table = table.take(pc.sort_indices(table["key"]))
+            order = pc.sort_indices(table["key"])
+            table = table.take(order)
             keys = table["key"]
             if table.num_rows > 1:
                 same_as_next = pc.equal(keys.slice(0, len(keys) - 1), keys.slice(1))
                 if pc.any(same_as_next).as_py():
+                    if rooted is not None:
+                        _refuse_root_clash(keys, rooted.take(order), same_as_next)
                     keep = pc.invert(pa.concat_arrays([*same_as_next.chunks, pa.array([False])]))
                     table = table.filter(keep)
             table = self._check_keys(table)
@@ -265,6 +271,18 @@ class IndexBuilder:
             [table["key"], table["kind"], url_col, table["offset"], table["length"], table["data"]],
             schema=SCHEMA,
         )
+
+    def _root_slash(self, table: pa.Table) -> tuple[pa.Table, pa.Array | None]:
+        """A leading '/' means the root, as some serializers write keys: '/a/b' is 'a/b'.
+        Returns the table with such keys rewritten and a mask of the rewritten rows."""
+        text = table["key"].cast(pa.large_string())
+        rooted = pc.match_substring_regex(text, "^/[^/]")
+        n = pc.sum(rooted).as_py() or 0
+        if not n:
+            return table, None
+        self.quirks["keys had a leading '/'"] += n
+        keys = pc.if_else(rooted, pc.utf8_slice_codeunits(text, start=1), text).cast(pa.large_binary())
+        return table.set_column(0, "key", keys), rooted
 
     def _reject(self, table: pa.Table, bad: pa.Array, reason: Callable[[str], str]) -> pa.Table:
         bad = bad.combine_chunks() if isinstance(bad, pa.ChunkedArray) else bad
@@ -328,6 +346,20 @@ class IndexBuilder:
                 lambda k: f"is both a file and a directory (other keys start with '{k}/')",
             )
         return table
+
+
+def _refuse_root_clash(keys: pa.Array, rooted: pa.Array, same_as_next: pa.Array) -> None:
+    """Refuse '/a/b' next to 'a/b' (sorted keys): two names for one path."""
+    n = len(keys)
+    clash = pc.and_(same_as_next, pc.not_equal(rooted.slice(0, n - 1), rooted.slice(1)))
+    if isinstance(clash, pa.ChunkedArray):
+        clash = clash.combine_chunks()
+    if pc.any(clash).as_py():
+        name = keys[pc.index(clash, True).as_py()].as_py().decode()
+        raise ReferenceSetError(
+            f"keys {_short('/' + name)} and {_short(name)} are the same path "
+            "(a leading '/' means the root): keep one of them"
+        )
 
 
 def _empty_binary(n: int) -> pa.Array:

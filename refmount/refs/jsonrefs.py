@@ -60,6 +60,10 @@ class SurrogateWatch:
         self.close()
 
 
+class MalformedJSON(ReferenceSetError):
+    """The text is not JSON (as yajl reads it)."""
+
+
 def _json_error(name: str, err: Exception) -> ReferenceSetError:
     # yajl's message is "parse error: <what>" + the text around the error + a "^" marker
     # on further lines: keep the first line and quote the context, on one line.
@@ -72,7 +76,7 @@ def _json_error(name: str, err: Exception) -> ReferenceSetError:
         msg += f" near {context[0][:60]!r}"
     if len(msg) > 160:
         msg = msg[:157] + "..."
-    return ReferenceSetError(f"{name}: malformed JSON: {msg}")
+    return MalformedJSON(f"{name}: malformed JSON: {msg}")
 
 
 def detect_version(open_stream: Opener, name: str, backend: Any = ijson) -> int:

@@ -80,10 +80,13 @@ class ParquetSet:
     metadata: KeyIndex
     arrays: list[ArraySpec]
     skipped: list[str] = field(default_factory=list)  # metadata keys left out (bad_keys=skip)
+    quirks: dict[str, int] = field(default_factory=dict)  # producer quirks accepted (IndexBuilder)
 
 
 def _array_spec(name: str, key: str, zarray: Any) -> ArraySpec:
     path = key[: -len("/.zarray")] if key.endswith("/.zarray") else ""
+    if path.startswith("/") and not path.startswith("//"):  # a leading '/' means the root
+        path = path[1:]
     if isinstance(zarray, str):
         try:
             zarray = json.loads(zarray)
@@ -113,12 +116,18 @@ def _array_spec(name: str, key: str, zarray: Any) -> ArraySpec:
 def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str) -> ParquetSet:
     root = parquet_root(source, target_options) or source.rstrip("/")
     name = root + "/.zmetadata"
+    nonfinite_seen: list[str] = []
     with open_source(name, target_options) as f:
         raw = f.read()
+    nonfinite = 0
     try:
         meta = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
-        raise ReferenceSetError(f"{name}: malformed JSON: {e}") from None
+        try:  # bare NaN/Infinity, as Python's json (LazyReferenceMapper) writes them
+            meta = json.loads(raw, parse_constant=lambda c: nonfinite_seen.append(c) or float(c))
+        except (ValueError, RecursionError):
+            raise ReferenceSetError(f"{name}: malformed JSON: {e}") from None
+        nonfinite = len(nonfinite_seen)
     if not isinstance(meta, dict):
         raise ReferenceSetError(f"{name}: must be a JSON object")
     record_size = meta.get("record_size")
@@ -135,11 +144,13 @@ def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str)
         builder.add_inline(key, text.encode())
         if key == ".zarray" or key.endswith("/.zarray"):
             arrays.append(_array_spec(name, key, value))
+    builder.quirks["numbers were a bare NaN or Infinity"] += nonfinite
     index = KeyIndex(builder.finish())
     # With bad_keys=skip, an array whose '.zarray' key cannot be a path is skipped whole.
     skipped = set(builder.skipped)
     arrays = [a for a in arrays if f"{a.path}/.zarray" not in skipped]
-    return ParquetSet(root, record_size, index, sorted(arrays, key=lambda a: a.path), builder.skipped)
+    return ParquetSet(root, record_size, index, sorted(arrays, key=lambda a: a.path), builder.skipped,
+                      +builder.quirks)
 
 
 def _int64(column: pa.Array, name: str, where: str) -> np.ndarray:
