@@ -35,6 +35,7 @@ from .policy import target_policy
 from .reader import RefReader
 from .redact import RedactingFormatter, redact_url
 from .refs import IndexFile, KeyIndex
+from .refs.limits import Limits
 from .refs.parquet import RecordCache, load_parquet_set
 from .stats import Stats
 from .tree import ChunkTree, KeyTree
@@ -133,8 +134,8 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
     info = {"source": redact_url(cfg.source), "format": index_file.kind}
     tree: KeyTree | ChunkTree
     if index_file.kind == "parquet":
-        pset = load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys)
-        tree = ChunkTree(pset, RecordCache(pset, cfg.target_options))
+        pset = load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys, Limits.from_config(cfg))
+        tree = ChunkTree(pset, RecordCache(pset, cfg.target_options, max_inline=cfg.max_inline))
         info["record_size"] = str(pset.record_size)
         info["arrays"] = str(len(pset.arrays))
         mtime_ns = time.time_ns()

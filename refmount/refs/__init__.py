@@ -20,6 +20,7 @@ import zstandard
 from ..config import MountConfig
 from .index import INDEX_FORMAT, IndexBuilder, KeyIndex, summary_metadata, write_index
 from .jsonrefs import IntegerOverflow, Opener, SurrogateEscapes, SurrogateWatch, detect_version, read_v0
+from .limits import DEFAULT_LIMITS, Limits
 from .model import Ref, ReferenceSetError, RefKind
 from .parquet import load_parquet_set, parquet_root
 from .source import open_source, source_identity
@@ -45,24 +46,25 @@ class IndexFile:
     kind: str = "json"  # "json" (Version 0/1) or "parquet"
 
 
-def build_index(source: str, target_options: dict, bad_keys: str = "error") -> IndexBuilder:
+def build_index(source: str, target_options: dict, bad_keys: str = "error",
+                limits: Limits = DEFAULT_LIMITS) -> IndexBuilder:
     """Parse SOURCE into an IndexBuilder (not yet sorted or validated)."""
     def opener():
-        return open_source(source, target_options)
+        return open_source(source, target_options, limits.max_ratio)
 
     def watched():
         return SurrogateWatch(opener())
 
     try:
         try:
-            return _build(watched, source, bad_keys, ijson)
+            return _build(watched, source, bad_keys, ijson, limits)
         except IntegerOverflow:
             log.warning("%s has integers beyond 64 bits: parsing again with the slower Python "
                         "parser", source)
         except SurrogateEscapes:
             log.info("%s has UTF-16 surrogate escapes: parsing again with the slower Python "
                      "parser, which keeps them exactly", source)
-        return _build(opener, source, bad_keys, ijson.get_backend("python"))
+        return _build(opener, source, bad_keys, ijson.get_backend("python"), limits)
     except ReferenceSetError:
         raise
     except (OSError, EOFError, ValueError, zstandard.ZstdError, lzma.LZMAError, zlib.error) as e:
@@ -71,26 +73,29 @@ def build_index(source: str, target_options: dict, bad_keys: str = "error") -> I
         raise ReferenceSetError(f"{source}: cannot read ({type(e).__name__}: {what})") from None
 
 
-def _build(opener: Opener, source: str, bad_keys: str, backend: Any) -> IndexBuilder:
-    version = detect_version(opener, source, backend)
-    builder = IndexBuilder(bad_keys)
+def _build(opener: Opener, source: str, bad_keys: str, backend: Any, limits: Limits
+           ) -> IndexBuilder:
+    version = detect_version(opener, source, backend, limits)
+    builder = IndexBuilder(bad_keys, limits)
     if version == 0:
-        read_v0(opener, source, builder, backend)
+        read_v0(opener, source, builder, backend, limits)
     else:
         from .v1 import read_v1
 
-        read_v1(opener, source, builder, backend)
+        read_v1(opener, source, builder, backend, limits)
     return builder
 
 
 def prepare_index(cfg: MountConfig) -> IndexFile:
     if parquet_root(cfg.source, cfg.target_options):
-        pset = load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys)  # validate .zmetadata now
+        pset = load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys,  # validate .zmetadata now
+                                Limits.from_config(cfg))
         if pset.skipped:
             log.warning("skipped %d metadata keys that cannot be paths (bad_keys=skip), e.g. %r",
                         len(pset.skipped), pset.skipped[0])
         return IndexFile("", temporary=False, reused=False, kind="parquet")
-    identity = source_identity(cfg.source, cfg.target_options, f"{INDEX_FORMAT}|{cfg.bad_keys}")
+    limits = Limits.from_config(cfg)  # in the identity: a set accepted under other limits is checked again
+    identity = source_identity(cfg.source, cfg.target_options, f"{INDEX_FORMAT}|{cfg.bad_keys}|{limits}")
     cached = None
     if cfg.disk_cache and identity:
         cached = os.path.join(cfg.cache_dir, "index", identity + ".arrow")
@@ -101,7 +106,7 @@ def prepare_index(cfg: MountConfig) -> IndexFile:
             except Exception as e:  # corrupt or old: rebuild
                 log.warning("persisted index %s unusable (%s); rebuilding", cached, e)
 
-    builder = build_index(cfg.source, cfg.target_options, cfg.bad_keys)
+    builder = build_index(cfg.source, cfg.target_options, cfg.bad_keys, limits)
     table = builder.finish()
     if builder.skipped:
         log.warning("skipped %d keys that cannot be paths (bad_keys=skip), e.g. %r",

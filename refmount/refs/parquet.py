@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 import trio
 
 from .index import IndexBuilder, KeyIndex
+from .limits import DEFAULT_LIMITS, Limits, size_text
 from .model import Ref, ReferenceSetError, RefKind
 from .source import open_source
 
@@ -108,10 +109,11 @@ def _array_spec(name: str, key: str, zarray: Any) -> ArraySpec:
     return ArraySpec(path, grid, sep)
 
 
-def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str) -> ParquetSet:
+def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str,
+                     limits: Limits = DEFAULT_LIMITS) -> ParquetSet:
     root = parquet_root(source, target_options) or source.rstrip("/")
     name = root + "/.zmetadata"
-    with open_source(name, target_options) as f:
+    with open_source(name, target_options, limits.max_ratio) as f:
         raw = f.read()
     try:
         meta = orjson.loads(raw)
@@ -125,7 +127,7 @@ def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str)
     metadata = meta.get("metadata")
     if not isinstance(metadata, dict):
         raise ReferenceSetError(f"{name}: 'metadata' must be an object of zarr metadata keys")
-    builder = IndexBuilder(bad_keys)
+    builder = IndexBuilder(bad_keys, limits)
     arrays = []
     for key, value in metadata.items():
         # As LazyReferenceMapper serves them: every metadata value is JSON text.
@@ -153,7 +155,8 @@ def _int64(column: pa.Array, name: str, where: str) -> np.ndarray:
 class Record:
     """The references of one record file, decoded to arrays (no object per row)."""
 
-    def __init__(self, table: pa.Table | None, where: str) -> None:
+    def __init__(self, table: pa.Table | None, where: str, max_inline: int = Limits.max_inline
+                 ) -> None:
         if table is None:  # no such record file: all its keys are absent
             self.n = 0
             self.exists = np.zeros(0, bool)
@@ -191,6 +194,11 @@ class Record:
         has_path = path.is_valid().to_numpy(zero_copy_only=False) if path is not None else np.zeros(n, bool)
         self.exists = has_raw | has_path
         raw_len = pc.binary_length(raw).fill_null(0).to_numpy() if raw is not None else 0
+        if raw is not None and n and int(raw_len.max()) > max_inline:
+            row = int(np.argmax(raw_len > max_inline))
+            raise ReferenceSetError(
+                f"{where}: row {row}: 'raw' value of {int(raw_len[row]):,} bytes is over the limit "
+                f"max_inline={size_text(max_inline)}")
         offset = self.offset if self.offset is not None else np.zeros(n, np.int64)
         ranged = has_path & ~has_raw
         if (size[ranged] < 0).any() or (offset[ranged] < 0).any():
@@ -224,8 +232,10 @@ class Record:
 class RecordCache:
     """Loads record files off the trio loop, one load per record at a time, LRU-bounded."""
 
-    def __init__(self, pset: ParquetSet, target_options: dict[str, Any], capacity: int = 64) -> None:
+    def __init__(self, pset: ParquetSet, target_options: dict[str, Any], capacity: int = 64,
+                 max_inline: int = Limits.max_inline) -> None:
         self.pset = pset
+        self.max_inline = max_inline
         self.target_options = target_options
         self.capacity = capacity
         self._lru: OrderedDict[tuple[int, int], Record] = OrderedDict()
@@ -245,7 +255,7 @@ class RecordCache:
             return Record(None, url)
         except (pa.ArrowInvalid, OSError) as e:
             raise ReferenceSetError(f"{url}: unreadable Parquet ({e})") from None
-        return Record(table, url)
+        return Record(table, url, self.max_inline)
 
     async def get(self, array_id: int, record: int) -> Record:
         key = (array_id, record)
