@@ -150,6 +150,7 @@ def _run(args: argparse.Namespace) -> int:
     # Until the daemon takes over, warnings (e.g. skipped keys) go to stderr.
     _stderr_warnings()
     launcher = None
+    index_file = None
     try:
         if cfg.recover:
             recover_stale_mount(cfg.mountpoint)
@@ -161,6 +162,9 @@ def _run(args: argparse.Namespace) -> int:
     except BaseException as e:
         if launcher is not None:
             launcher.abort()
+        if index_file is not None and index_file.temporary:  # a refused set leaves no file
+            with contextlib.suppress(OSError):
+                os.unlink(index_file.path)
         if isinstance(e, ReferenceSetError | MountError | TargetRefused):
             return _fail(str(e))
         if isinstance(e, MemoryError):

@@ -460,11 +460,14 @@ class KeyIndex:
     def bisect(self, key: bytes, lo: int = 0, hi: int | None = None) -> int:
         return bisect.bisect_left(self.keys, key, lo, self.n if hi is None else hi)
 
-    def ref(self, i: int) -> Ref:
+    def ref(self, i: int, view: bool = False) -> Ref:
+        """Key i's reference; ``view``: inline bytes as a view into the mapped index (no
+        copy, so that open handles of a large inline value cost no memory each)."""
         kind = RefKind(int(self._kinds[i]))
         if kind is RefKind.INLINE:
-            data = self._dbuf[self._doff[i] : self._doff[i + 1]].tobytes()
-            return Ref(kind, None, 0, len(data), data)
+            mapped = self._dbuf[self._doff[i] : self._doff[i + 1]]
+            data = mapped if view else mapped.tobytes()
+            return Ref(kind, None, 0, len(data), data)  # type: ignore[arg-type]
         url = self._url_strings[int(self._url_ids[i])].as_py()
         return Ref(kind, url, int(self._offsets[i]), int(self._lengths[i]))
 

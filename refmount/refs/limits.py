@@ -106,13 +106,20 @@ class ExpansionGuard:
         self.out = 0
 
     def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            parts = []
-            while piece := self.read(self.PIECE):
-                parts.append(piece)
-            return b"".join(parts)
-        data = self._stream.read(min(n, self.PIECE) if n else 0)
-        self.out += len(data)
+        """Up to n bytes (all when n < 0), decompressed and checked a PIECE at a time."""
+        parts = []
+        left = n if n is not None and n >= 0 else -1
+        while left:
+            piece = self._stream.read(self.PIECE if left < 0 else min(left, self.PIECE))
+            if not piece:
+                break
+            self._count(len(piece))
+            parts.append(piece)
+            left = left - len(piece) if left > 0 else left
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _count(self, size: int) -> None:
+        self.out += size
         if self._max_ratio and self.out > EXPANSION_FLOOR and (
             self.out > self._max_ratio * max(self._counter.count, 1)
         ):
@@ -120,7 +127,6 @@ class ExpansionGuard:
                 f"{self._name}: decompresses to more than {self._max_ratio} times its compressed "
                 f"size ({self.out:,} bytes from {self._counter.count:,}; limit max_ratio="
                 f"{self._max_ratio})")
-        return data
 
     def close(self) -> None:
         self._close()
@@ -214,6 +220,13 @@ class JsonReader:
         if n == 0:
             return b""
         data = self._stream.read(self._size)
+        if data and len(data) < self._size:  # a short read (a pipe, a socket): fill the chunk
+            parts = [data]
+            got = len(data)
+            while got < self._size and (more := self._stream.read(self._size - got)):
+                parts.append(more)
+                got += len(more)
+            data = b"".join(parts)
         if data:
             boundary = self._scanner.scan(data)
             self._size = CHUNK if boundary else min(self._size * 2, 1 << 30)

@@ -32,6 +32,7 @@ from .source import open_source
 log = logging.getLogger(__name__)
 
 COLUMNS = ("path", "offset", "size", "raw")
+RECORD_CACHE_BYTES = 256 << 20  # decoded record files kept in memory (beyond the newest)
 
 
 def parquet_root(source: str, target_options: dict[str, Any]) -> str | None:
@@ -158,7 +159,7 @@ class Record:
     def __init__(self, table: pa.Table | None, where: str, max_inline: int = Limits.max_inline
                  ) -> None:
         if table is None:  # no such record file: all its keys are absent
-            self.n = 0
+            self.n = self.nbytes = 0
             self.exists = np.zeros(0, bool)
             self.sizes = np.zeros(0, np.int64)
             return
@@ -166,6 +167,7 @@ class Record:
         if "raw" not in cols and "path" not in cols:
             raise ReferenceSetError(f"{where}: has neither a 'path' nor a 'raw' column")
         n = self.n = table.num_rows
+        self.nbytes = table.nbytes
         path = cols.get("path")
         if path is not None:
             if pa.types.is_dictionary(path.type):
@@ -210,11 +212,13 @@ class Record:
         self.sizes = np.where(has_raw, raw_len, np.where(whole, -1, size)).astype(np.int64)
         self.sizes[~self.exists] = -2
 
-    def ref(self, row: int) -> Ref | None:
+    def ref(self, row: int, view: bool = False) -> Ref | None:
+        """Row's reference; ``view``: a 'raw' value as a view into the record (no copy)."""
         if row >= self.n or not self.exists[row]:
             return None
         if self.raw is not None and self.raw[row].is_valid:
-            data = self.raw[row].as_py()
+            cell = self.raw[row]
+            data = memoryview(cell.as_buffer()) if view else cell.as_py()
             return Ref(RefKind.INLINE, None, 0, len(data), data)
         assert self.path is not None
         url = self.path[row].as_py()
@@ -242,6 +246,7 @@ class RecordCache:
         self._loading: dict[tuple[int, int], trio.Event] = {}
         self._limiter = trio.CapacityLimiter(4)
         self.loads = 0
+        self.max_bytes = RECORD_CACHE_BYTES
 
     def url(self, array: ArraySpec, record: int) -> str:
         return f"{self.pset.root}/{array.path}/refs.{record}.parq"
@@ -276,7 +281,11 @@ class RecordCache:
             rec = await trio.to_thread.run_sync(self._load, array, record, limiter=self._limiter)
             self.loads += 1
             self._lru[key] = rec
-            while len(self._lru) > self.capacity:
+            # At most `capacity` records and RECORD_CACHE_BYTES (large 'raw' cells), the
+            # newest always kept.
+            while len(self._lru) > self.capacity or (
+                len(self._lru) > 1 and sum(r.nbytes for r in self._lru.values()) > self.max_bytes
+            ):
                 self._lru.popitem(last=False)
             return rec
         finally:
