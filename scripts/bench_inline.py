@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lib import fuse_unmount, refmount_daemon_pid  # noqa: E402
+from bench_lib import fuse_unmount, refmount_daemon_pid
 
 MiB = 1 << 20
 
