@@ -11,7 +11,8 @@ A Version 0 set ``{"small": "s", "big": VALUE}`` whose one value has N bytes, fo
 Rows (peers):
 
 * refmount: ``refmount SOURCE MNT -o no_disk_cache,max_inline=<N rounded up>``, the time until
-  the CLI returns (the mount answers), the CLI's peak RSS (it parses), the daemon's peak RSS
+  the CLI returns (the mount answers, CLI startup included), the CLI's peak RSS (it parses),
+  the daemon's peak RSS
   (VmHWM) after ``big`` was read whole through the mount and checked (sha256);
 * fsspec: ``ReferenceFileSystem(fo=SOURCE)`` in a fresh process, then ``cat("big")``: the time of
   the two and the process's peak RSS.
@@ -35,7 +36,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,18 +44,34 @@ from bench_lib import fuse_unmount, refmount_daemon_pid
 MiB = 1 << 20
 
 FSSPEC_PEER = r"""
-import json, resource, sys, time
+import json, sys, time
 import fsspec
 t = time.monotonic()
 fs = fsspec.filesystem("reference", fo=sys.argv[1])
 n = len(fs.cat("big"))
-print(json.dumps({"seconds": time.monotonic() - t, "bytes": n,
-                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+print(json.dumps({"seconds": time.monotonic() - t, "bytes": n}))
+"""
+
+# Peak RSS is measured by a small wrapper process: a child forked from this (large) process
+# would report this process's RSS as its own peak (Linux carries it across fork and exec).
+MEASURED = r"""
+import json, resource, subprocess, sys, time
+t = time.monotonic()
+r = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+print(json.dumps({"rc": r.returncode, "seconds": time.monotonic() - t,
+                  "out": r.stdout.decode(errors="replace"), "err": r.stderr.decode(errors="replace"),
+                  "rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}))
 """
 
 
-def make(path: Path, kind: str, size: int) -> bytes:
-    """Write the set; returns the bytes ``big`` must serve."""
+def measured(cmd: list[str], timeout: float) -> dict:
+    r = subprocess.run([sys.executable, "-c", MEASURED, *cmd], capture_output=True, text=True,
+                       timeout=timeout)
+    return json.loads(r.stdout)
+
+
+def make(path: Path, kind: str, size: int) -> str:
+    """Write the set; returns the sha256 of the bytes ``big`` must serve."""
     body = (b"0123456789abcdef" * (size // 16 + 1))[:size]
     with open(path, "wb") as f:
         f.write(b'{"small": "s", "big": ')
@@ -69,7 +85,7 @@ def make(path: Path, kind: str, size: int) -> bytes:
             f.write(b'{"a": "' + body + b'"}')
             served = json.dumps({"a": body.decode()}).encode()
         f.write(b"}")
-    return served
+    return hashlib.sha256(served).hexdigest()
 
 
 def vm_hwm(pid: int) -> int:
@@ -80,42 +96,36 @@ def vm_hwm(pid: int) -> int:
     return 0
 
 
-def run_refmount(src: Path, mnt: Path, size: int, served: bytes) -> str:
+def run_refmount(src: Path, mnt: Path, size: int, digest: str) -> str:
     limit = max(size, 64 * MiB) + MiB
     cmd = [sys.executable, "-m", "refmount", str(src), str(mnt), "-o",
            f"no_disk_cache,max_inline={limit}"]
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.monotonic() - t0
-    err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        return f"refused: {err}"
+    res = measured(cmd, 600)
+    if res["rc"] != 0:
+        return f"refused: {res['err'].strip()}"
     pid = refmount_daemon_pid(mnt)
     try:
         h = hashlib.sha256()
         with open(mnt / "big", "rb") as f:
             while chunk := f.read(4 * MiB):
                 h.update(chunk)
-        ok = h.hexdigest() == hashlib.sha256(served).hexdigest()
+        ok = h.hexdigest() == digest
         daemon = vm_hwm(pid) if pid else 0
     finally:
         fuse_unmount(mnt, [pid] if pid else [], print)
-    return (f"{seconds:7.2f} s  CLI peak {usage.ru_maxrss / 1024:6.0f} MiB  daemon peak "
+    return (f"{res['seconds']:7.2f} s  CLI peak {res['rss'] / MiB:6.0f} MiB  daemon peak "
             f"{daemon / MiB:6.0f} MiB  {'content ok' if ok else 'CONTENT DIFFERS'}")
 
 
 def run_fsspec(src: Path, timeout: float) -> str:
     try:
-        r = subprocess.run([sys.executable, "-c", FSSPEC_PEER, str(src)], capture_output=True,
-                           text=True, timeout=timeout)
+        res = measured([sys.executable, "-c", FSSPEC_PEER, str(src)], timeout)
     except subprocess.TimeoutExpired:
         return f"DNF >{timeout:g}s"
-    if r.returncode != 0:
-        return "failed: " + (r.stderr.strip().splitlines() or ["?"])[-1]
-    res = json.loads(r.stdout)
-    return f"{res['seconds']:7.2f} s  peak {res['rss'] / MiB:6.0f} MiB"
+    if res["rc"] != 0:
+        return "failed: " + (res["err"].strip().splitlines() or ["?"])[-1]
+    own = json.loads(res["out"])
+    return f"{own['seconds']:7.2f} s  peak {res['rss'] / MiB:6.0f} MiB"
 
 
 def main() -> int:
@@ -133,8 +143,8 @@ def main() -> int:
         for kind in args.kinds:
             for mib in args.sizes:
                 src = work / f"{kind}-{mib}.json"
-                served = make(src, kind, mib * MiB)
-                print(f"{kind:7} {mib:4d} MiB  refmount: {run_refmount(src, mnt, mib * MiB, served)}")
+                digest = make(src, kind, mib * MiB)
+                print(f"{kind:7} {mib:4d} MiB  refmount: {run_refmount(src, mnt, mib * MiB, digest)}")
                 print(f"{'':7} {'':4}      fsspec:   {run_fsspec(src, args.timeout)}")
                 src.unlink()
     print(f"bench peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
