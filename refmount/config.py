@@ -71,6 +71,12 @@ class MountConfig:
     # when the mount is shared (allow_other / allow_root).
     allow_local: list[str] | None = None
     recover: bool = False  # clear a stale (dead-daemon) mount at MOUNTPOINT first
+    # bounds on reading a reference set (refs/limits.py)
+    max_inline: int = 64 * 2**20  # bytes of one inline value
+    max_ratio: int = 200  # decompressed / compressed bytes of SOURCE; 0: no limit
+    max_key_depth: int = 4095  # components of a key (directory inodes keep 12 bits of depth)
+    max_key_length: int = 64 * 2**10  # bytes of a key
+    max_nesting: int = 256  # nesting of JSON arrays and objects in SOURCE
 
     def local_roots(self) -> list[str]:
         if self.allow_local is not None:
@@ -222,6 +228,12 @@ OPTION_HELP: dict[str, str] = {
     "recover": "if MOUNTPOINT is a stale mount left by a killed daemon, clear it first",
     "bad_keys=error|skip": "refuse a reference set with keys that cannot be paths (default), "
     "or skip those keys with a warning",
+    "max_inline=SIZE": "largest inline value (also a Parquet 'raw' cell) (default 64M)",
+    "max_ratio=N": "refuse a compressed SOURCE that expands more than N times (beyond its "
+    "first 64M of output; default 200; 0: no limit)",
+    "max_key_depth=N": "most '/'-separated components of a key (default and at most 4095)",
+    "max_key_length=SIZE": "longest key, in bytes (default 64K)",
+    "max_nesting=N": "deepest nesting of JSON arrays and objects in SOURCE (default 256)",
 }
 
 
@@ -311,6 +323,16 @@ def apply_options(cfg: MountConfig, options: list[str]) -> None:
                 cfg.allow_local = [os.path.realpath(r) for r in roots]
             case "recover":
                 cfg.recover = True
+            case "max_inline":
+                cfg.max_inline = parse_size(value, name)
+            case "max_ratio":
+                cfg.max_ratio = _int(name, value, lo=0, hi=2**62)
+            case "max_key_depth":
+                cfg.max_key_depth = _int(name, value, lo=1, hi=4095)
+            case "max_key_length":
+                cfg.max_key_length = max(parse_size(value, name), 1)
+            case "max_nesting":
+                cfg.max_nesting = _int(name, value, lo=2, hi=512)
             case "debug":
                 cfg.debug = True
                 cfg.log_level = "debug"

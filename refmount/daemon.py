@@ -36,6 +36,7 @@ from .policy import target_policy
 from .reader import RefReader
 from .redact import RedactingFormatter, redact_url
 from .refs import IndexFile, KeyIndex, Ref
+from .refs.limits import Limits
 from .refs.parquet import RecordCache, load_parquet_set
 from .stats import Stats
 from .tree import ChunkTree, KeyTree
@@ -136,8 +137,9 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
     info = {"source": redact_url(cfg.source), "format": index_file.kind}
     tree: KeyTree | ChunkTree | DecodedTree
     if index_file.kind == "parquet":
-        pset = load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys)
-        tree = ChunkTree(pset, RecordCache(pset, cfg.target_options, relative=fetcher.policy.relative))
+        pset = load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys, Limits.from_config(cfg))
+        tree = ChunkTree(pset, RecordCache(pset, cfg.target_options, max_inline=cfg.max_inline,
+                                           relative=fetcher.policy.relative))
         info["record_size"] = str(pset.record_size)
         info["arrays"] = str(len(pset.arrays))
         mtime_ns = time.time_ns()

@@ -155,7 +155,7 @@ class KeyTree:
             yield entry
 
     async def ref(self, node: Node) -> Ref:
-        return self.index.ref(node.index)
+        return self.index.ref(node.index, view=True)
 
     async def size(self, node: Node) -> int:
         """File size, or -1 when it is a whole-file target not yet measured."""
@@ -342,7 +342,7 @@ class ChunkTree:
             return await self.meta.ref(node)
         _, aid, _, number = self._decode(node.ino)
         record = await self.records.get(aid, number // self.record_size)
-        ref = record.ref(number % self.record_size)
+        ref = record.ref(number % self.record_size, view=True)
         if ref is None:
             raise FileNotFoundError(node.ino)
         return ref

@@ -28,6 +28,7 @@ from .jsonrefs import (
     detect_version,
     read_v0,
 )
+from .limits import DEFAULT_LIMITS, Limits
 from .model import Ref, ReferenceSetError, RefKind
 from .nonfinite import NonFiniteWatch, filtered
 from .parquet import load_parquet_set, parquet_root
@@ -54,10 +55,11 @@ class IndexFile:
     kind: str = "json"  # "json" (Version 0/1) or "parquet"
 
 
-def build_index(source: str, target_options: dict, bad_keys: str = "error") -> IndexBuilder:
+def build_index(source: str, target_options: dict, bad_keys: str = "error",
+                limits: Limits = DEFAULT_LIMITS) -> IndexBuilder:
     """Parse SOURCE into an IndexBuilder (not yet sorted or validated)."""
     def opener():
-        return open_source(source, target_options)
+        return open_source(source, target_options, limits.max_ratio)
 
     def watched():
         return SurrogateWatch(opener())
@@ -76,9 +78,10 @@ def build_index(source: str, target_options: dict, bad_keys: str = "error") -> I
             backend = ijson.get_backend("python") if python else ijson
             try:
                 if not nonfinite:
-                    return _build(watched_nonfinite if python else watched_twice, source, bad_keys, backend)
+                    fopen = watched_nonfinite if python else watched_twice
+                    return _build(fopen, source, bad_keys, backend, limits)
                 fopen, fbackend = filtered(opener if python else watched, backend)
-                builder = _build(fopen, source, bad_keys, fbackend)
+                builder = _build(fopen, source, bad_keys, fbackend, limits)
                 builder.quirks["numbers were a bare NaN or Infinity"] += fbackend.count
                 return builder
             except MalformedJSON:
@@ -102,26 +105,29 @@ def build_index(source: str, target_options: dict, bad_keys: str = "error") -> I
         raise ReferenceSetError(f"{source}: cannot read ({type(e).__name__}: {what})") from None
 
 
-def _build(opener: Opener, source: str, bad_keys: str, backend: Any) -> IndexBuilder:
-    version = detect_version(opener, source, backend)
-    builder = IndexBuilder(bad_keys)
+def _build(opener: Opener, source: str, bad_keys: str, backend: Any, limits: Limits
+           ) -> IndexBuilder:
+    version = detect_version(opener, source, backend, limits)
+    builder = IndexBuilder(bad_keys, limits)
     if version == 0:
-        read_v0(opener, source, builder, backend)
+        read_v0(opener, source, builder, backend, limits)
     else:
         from .v1 import read_v1
 
-        read_v1(opener, source, builder, backend)
+        read_v1(opener, source, builder, backend, limits)
     return builder
 
 
 def prepare_index(cfg: MountConfig) -> IndexFile:
     if parquet_root(cfg.source, cfg.target_options):
-        pset = load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys)  # validate .zmetadata now
+        pset = load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys,  # validate .zmetadata now
+                                Limits.from_config(cfg))
         if pset.skipped:
             log.warning("skipped %d metadata keys that cannot be paths (bad_keys=skip), e.g. %r",
                         len(pset.skipped), pset.skipped[0])
         return IndexFile("", temporary=False, reused=False, kind="parquet")
-    identity = source_identity(cfg.source, cfg.target_options, f"{INDEX_FORMAT}|{cfg.bad_keys}")
+    limits = Limits.from_config(cfg)  # in the identity: a set accepted under other limits is checked again
+    identity = source_identity(cfg.source, cfg.target_options, f"{INDEX_FORMAT}|{cfg.bad_keys}|{limits}")
     cached = None
     if cfg.disk_cache and identity:
         cached = os.path.join(cfg.cache_dir, "index", identity + ".arrow")
@@ -132,7 +138,7 @@ def prepare_index(cfg: MountConfig) -> IndexFile:
             except Exception as e:  # corrupt or old: rebuild
                 log.warning("persisted index %s unusable (%s); rebuilding", cached, e)
 
-    builder = build_index(cfg.source, cfg.target_options, cfg.bad_keys)
+    builder = build_index(cfg.source, cfg.target_options, cfg.bad_keys, limits)
     table = builder.finish()
     if builder.quirks:
         log.info("accepted producer quirks: %s",

@@ -25,13 +25,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .limits import DEFAULT_LIMITS, Limits, size_text
 from .model import INT64_MAX, Ref, ReferenceSetError, RefKind
 
 log = logging.getLogger(__name__)
 
 INDEX_FORMAT = "refmount-index-1"
 _BATCH = 1 << 16
-_MAX_DEPTH = 4095  # directory inode numbers keep the depth in 12 bits (see tree.py)
 _NAME_MAX = 255
 
 SCHEMA = pa.schema(
@@ -53,8 +53,9 @@ def _short(key: str) -> str:
 class IndexBuilder:
     """Accumulates references in Arrow batches, then sorts, validates and writes them."""
 
-    def __init__(self, bad_keys: str = "error") -> None:
+    def __init__(self, bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS) -> None:
         self.bad_keys = bad_keys
+        self.limits = limits
         self._url_ids: dict[str, int] = {}
         self._batches: list[pa.RecordBatch] = []
         self._reset()
@@ -108,6 +109,8 @@ class IndexBuilder:
         return uid
 
     def add_inline(self, key: str, data: bytes) -> None:
+        if len(data) > self.limits.max_inline:
+            self._too_large(key, len(data))
         self._keys.append(key)
         self._kinds.append(RefKind.INLINE)
         self._urls.append(0)
@@ -116,6 +119,11 @@ class IndexBuilder:
         self._data.append(data)
         if len(self._keys) >= _BATCH:
             self._flush()
+
+    def _too_large(self, key: str, size: int, at_least: str = "") -> None:
+        raise ReferenceSetError(
+            f"key {_short(key)}: inline value of {at_least}{size:,} bytes is over the limit "
+            f"max_inline={size_text(self.limits.max_inline)}")
 
     def add_range(self, key: str, url: object, offset: object, length: object) -> None:
         if type(offset) is not int or type(length) is not int:
@@ -170,6 +178,8 @@ class IndexBuilder:
                     f"got {n} elements"
                 )
         elif t is str:
+            if len(value) > self.limits.max_inline and not value.startswith("base64:"):
+                self._too_large(key, len(value), "at least ")  # UTF-8: a byte or more a character
             self.add_inline(key, decode_inline(key, value))
         elif t is dict:
             # The spec: an object value is a JSON file; render it as fsspec does.
@@ -319,11 +329,18 @@ class IndexBuilder:
             table = self._reject(
                 table, bad, lambda k: f"has a path component over {_NAME_MAX} bytes"
             )
+        max_len = self.limits.max_key_length
+        table = self._reject(
+            table,
+            pc.greater(pc.binary_length(table["key"]), max_len),
+            lambda k: f"is longer than {max_len:,} bytes (limit max_key_length={size_text(max_len)})",
+        )
+        max_depth = self.limits.max_key_depth
         text = table["key"].cast(pa.large_string())
         table = self._reject(
             table,
-            pc.greater_equal(pc.count_substring(text, "/"), _MAX_DEPTH),
-            lambda k: f"is nested deeper than {_MAX_DEPTH} directories",
+            pc.greater_equal(pc.count_substring(text, "/"), max_depth),
+            lambda k: f"is nested deeper than {max_depth} directories (limit max_key_depth={max_depth})",
         )
         # A key that is also a directory (another key lies under "key/"): refuse or drop
         # the file, since a path cannot be both.
@@ -475,11 +492,14 @@ class KeyIndex:
     def bisect(self, key: bytes, lo: int = 0, hi: int | None = None) -> int:
         return bisect.bisect_left(self.keys, key, lo, self.n if hi is None else hi)
 
-    def ref(self, i: int) -> Ref:
+    def ref(self, i: int, view: bool = False) -> Ref:
+        """Key i's reference; ``view``: inline bytes as a view into the mapped index (no
+        copy, so that open handles of a large inline value cost no memory each)."""
         kind = RefKind(int(self._kinds[i]))
         if kind is RefKind.INLINE:
-            data = self._dbuf[self._doff[i] : self._doff[i + 1]].tobytes()
-            return Ref(kind, None, 0, len(data), data)
+            mapped = self._dbuf[self._doff[i] : self._doff[i + 1]]
+            data = mapped if view else mapped.tobytes()
+            return Ref(kind, None, 0, len(data), data)  # type: ignore[arg-type]
         url = self._url_strings[int(self._url_ids[i])].as_py()
         return Ref(kind, url, int(self._offsets[i]), int(self._lengths[i]))
 

@@ -14,6 +14,7 @@ from typing import IO, Any
 import ijson
 
 from .index import IndexBuilder
+from .limits import DEFAULT_LIMITS, JsonReader, Limits
 from .model import ReferenceSetError
 
 V1_FIELDS = frozenset({"version", "templates", "gen", "refs"})
@@ -79,11 +80,12 @@ def _json_error(name: str, err: Exception) -> ReferenceSetError:
     return MalformedJSON(f"{name}: malformed JSON: {msg}")
 
 
-def detect_version(open_stream: Opener, name: str, backend: Any = ijson) -> int:
+def detect_version(open_stream: Opener, name: str, backend: Any = ijson,
+                   limits: Limits = DEFAULT_LIMITS) -> int:
     """0 or 1. Reads only as far as needed: the first top-level key decides unless it is
     one of Version 1's field names, in which case all top-level keys are scanned."""
     with open_stream() as f:
-        events = backend.parse(f, use_float=True)
+        events = backend.parse(JsonReader(f, name, limits), use_float=True)
         try:
             first = next(events, None)
             if first is None:
@@ -106,9 +108,10 @@ def detect_version(open_stream: Opener, name: str, backend: Any = ijson) -> int:
     return 0
 
 
-def read_v0(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any = ijson) -> None:
+def read_v0(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any = ijson,
+            limits: Limits = DEFAULT_LIMITS) -> None:
     with open_stream() as f:
         try:
-            builder.add_items(backend.kvitems(f, "", use_float=True))
+            builder.add_items(backend.kvitems(JsonReader(f, name, limits), "", use_float=True))
         except ijson.JSONError as e:
             raise _json_error(name, e) from None

@@ -27,12 +27,14 @@ import pyarrow.parquet as pq
 import trio
 
 from .index import IndexBuilder, KeyIndex
+from .limits import DEFAULT_LIMITS, Limits, size_text
 from .model import Ref, ReferenceSetError, RefKind
 from .source import open_source
 
 log = logging.getLogger(__name__)
 
 COLUMNS = ("path", "offset", "size", "raw")
+RECORD_CACHE_BYTES = 256 << 20  # decoded record files kept in memory (beyond the newest)
 
 
 def parquet_root(source: str, target_options: dict[str, Any]) -> str | None:
@@ -113,11 +115,12 @@ def _array_spec(name: str, key: str, zarray: Any) -> ArraySpec:
     return ArraySpec(path, grid, sep)
 
 
-def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str) -> ParquetSet:
+def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str,
+                     limits: Limits = DEFAULT_LIMITS) -> ParquetSet:
     root = parquet_root(source, target_options) or source.rstrip("/")
     name = root + "/.zmetadata"
     nonfinite_seen: list[str] = []
-    with open_source(name, target_options) as f:
+    with open_source(name, target_options, limits.max_ratio) as f:
         raw = f.read()
     nonfinite = 0
     try:
@@ -136,7 +139,7 @@ def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str)
     metadata = meta.get("metadata")
     if not isinstance(metadata, dict):
         raise ReferenceSetError(f"{name}: 'metadata' must be an object of zarr metadata keys")
-    builder = IndexBuilder(bad_keys)
+    builder = IndexBuilder(bad_keys, limits)
     arrays = []
     for key, value in metadata.items():
         # As LazyReferenceMapper serves them: every metadata value is JSON text.
@@ -167,13 +170,14 @@ class Record:
     """The references of one record file, decoded to arrays (no object per row)."""
 
     def __init__(self, table: pa.Table | None, where: str, prefix: str = "",
-                 relative: Callable[[str], bool] | None = None) -> None:
+                 relative: Callable[[str], bool] | None = None,
+                 max_inline: int = Limits.max_inline) -> None:
         # A relative target path is relative to the directory of the record file naming it
         # (``prefix``, from the set's root, which is where such paths are resolved from).
         self.prefix = prefix
         self.relative = relative
         if table is None:  # no such record file: all its keys are absent
-            self.n = 0
+            self.n = self.nbytes = 0
             self.exists = np.zeros(0, bool)
             self.sizes = np.zeros(0, np.int64)
             return
@@ -181,6 +185,7 @@ class Record:
         if "raw" not in cols and "path" not in cols:
             raise ReferenceSetError(f"{where}: has neither a 'path' nor a 'raw' column")
         n = self.n = table.num_rows
+        self.nbytes = table.nbytes
         path = cols.get("path")
         if path is not None:
             if pa.types.is_dictionary(path.type):
@@ -211,6 +216,11 @@ class Record:
         has_path = path.is_valid().to_numpy(zero_copy_only=False) if path is not None else np.zeros(n, bool)
         self.exists = has_raw | has_path
         raw_len = pc.binary_length(raw).fill_null(0).to_numpy() if raw is not None else 0
+        if raw is not None and n and int(raw_len.max()) > max_inline:
+            row = int(np.argmax(raw_len > max_inline))
+            raise ReferenceSetError(
+                f"{where}: row {row}: 'raw' value of {int(raw_len[row]):,} bytes is over the limit "
+                f"max_inline={size_text(max_inline)}")
         offset = self.offset if self.offset is not None else np.zeros(n, np.int64)
         ranged = has_path & ~has_raw
         if (size[ranged] < 0).any() or (offset[ranged] < 0).any():
@@ -223,11 +233,13 @@ class Record:
         self.sizes = np.where(has_raw, raw_len, np.where(whole, -1, size)).astype(np.int64)
         self.sizes[~self.exists] = -2
 
-    def ref(self, row: int) -> Ref | None:
+    def ref(self, row: int, view: bool = False) -> Ref | None:
+        """Row's reference; ``view``: a 'raw' value as a view into the record (no copy)."""
         if row >= self.n or not self.exists[row]:
             return None
         if self.raw is not None and self.raw[row].is_valid:
-            data = self.raw[row].as_py()
+            cell = self.raw[row]
+            data = memoryview(cell.as_buffer()) if view else cell.as_py()
             return Ref(RefKind.INLINE, None, 0, len(data), data)
         assert self.path is not None
         url = self.path[row].as_py()
@@ -248,15 +260,18 @@ class RecordCache:
     """Loads record files off the trio loop, one load per record at a time, LRU-bounded."""
 
     def __init__(self, pset: ParquetSet, target_options: dict[str, Any], capacity: int = 64,
-                 relative: Callable[[str], bool] | None = None) -> None:
+                 relative: Callable[[str], bool] | None = None,
+                 max_inline: int = Limits.max_inline) -> None:
         self.pset = pset
         self.relative = relative  # which target paths are relative (TargetPolicy.relative)
+        self.max_inline = max_inline
         self.target_options = target_options
         self.capacity = capacity
         self._lru: OrderedDict[tuple[int, int], Record] = OrderedDict()
         self._loading: dict[tuple[int, int], trio.Event] = {}
         self._limiter = trio.CapacityLimiter(4)
         self.loads = 0
+        self.max_bytes = RECORD_CACHE_BYTES
 
     def url(self, array: ArraySpec, record: int) -> str:
         return f"{self.pset.root}/{array.path}/refs.{record}.parq"
@@ -270,7 +285,7 @@ class RecordCache:
             return Record(None, url)
         except (pa.ArrowInvalid, OSError) as e:
             raise ReferenceSetError(f"{url}: unreadable Parquet ({e})") from None
-        return Record(table, url, array.path + "/", self.relative)
+        return Record(table, url, array.path + "/", self.relative, self.max_inline)
 
     async def get(self, array_id: int, record: int) -> Record:
         key = (array_id, record)
@@ -291,7 +306,11 @@ class RecordCache:
             rec = await trio.to_thread.run_sync(self._load, array, record, limiter=self._limiter)
             self.loads += 1
             self._lru[key] = rec
-            while len(self._lru) > self.capacity:
+            # At most `capacity` records and RECORD_CACHE_BYTES (large 'raw' cells), the
+            # newest always kept.
+            while len(self._lru) > self.capacity or (
+                len(self._lru) > 1 and sum(r.nbytes for r in self._lru.values()) > self.max_bytes
+            ):
                 self._lru.popitem(last=False)
             return rec
         finally:

@@ -7,16 +7,32 @@ import json
 from typing import IO, Any
 
 import fsspec
+from fsspec.compression import compr
 from fsspec.core import url_to_fs
 
+from .limits import CountingReader, ExpansionGuard, Limits
 from .model import ReferenceSetError
 
 
-def open_source(source: str, target_options: dict[str, Any]) -> IO[bytes]:
-    """A binary stream of the refs file, decompressed when the name says .gz/.zst/..."""
+def open_source(source: str, target_options: dict[str, Any], max_ratio: int = Limits.max_ratio
+                ) -> IO[bytes]:
+    """A binary stream of the refs file, decompressed when the name says .gz/.zst/...;
+    a compressed one may expand at most ``max_ratio`` times (see ExpansionGuard)."""
     try:
         of = fsspec.open(source, "rb", compression="infer", **target_options)
-        return of.open()
+        if of.compression is None:
+            return of.open()
+        raw = of.fs.open(of.path, mode="rb")
+        counter = CountingReader(raw)
+        stream = compr[of.compression](counter, mode="r")
+
+        def close() -> None:
+            try:
+                stream.close()
+            finally:
+                raw.close()
+
+        return ExpansionGuard(stream, counter, source, max_ratio, close)  # type: ignore[return-value]
     except FileNotFoundError:
         raise ReferenceSetError(f"{source}: no such file") from None
     except IsADirectoryError:

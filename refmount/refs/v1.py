@@ -27,6 +27,7 @@ from jinja2.sandbox import SecurityError
 
 from .index import IndexBuilder
 from .jsonrefs import Opener, _json_error
+from .limits import DEFAULT_LIMITS, JsonReader, Limits
 from .model import INT64_MAX, ReferenceSetError
 from .sandbox import MAX_RENDERED, RENDER_MEMORY, BoundedSandbox, MemoryCap
 
@@ -364,21 +365,21 @@ def expand_gen(entry: Any, i: int, templates: TemplateSet, builder: IndexBuilder
         builder.add_columns(keys, urls, offsets, lengths, where=f"{name}: {where}")
 
 
-def _read_section(open_stream: Opener, name: str, prefix: str, backend: Any) -> Any:
+def _read_section(open_stream: Opener, name: str, prefix: str, backend: Any, limits: Limits) -> Any:
     with open_stream() as f:
         try:
-            for value in backend.items(f, prefix, use_float=True):
+            for value in backend.items(JsonReader(f, name, limits), prefix, use_float=True):
                 return value
         except ijson.JSONError as e:
             raise _json_error(name, e) from None
     return None
 
 
-def _refs_must_be_an_object(open_stream: Opener, name: str, backend: Any) -> None:
+def _refs_must_be_an_object(open_stream: Opener, name: str, backend: Any, limits: Limits) -> None:
     """Raise unless 'refs' is absent or an object (only 'gen' may then make references)."""
     with open_stream() as f:
         try:
-            for prefix, event, _ in backend.parse(f):
+            for prefix, event, _ in backend.parse(JsonReader(f, name, limits)):
                 if prefix == "refs":
                     if event != "start_map":
                         raise ReferenceSetError(f"{name}: 'refs' must be an object of key: reference")
@@ -387,14 +388,15 @@ def _refs_must_be_an_object(open_stream: Opener, name: str, backend: Any) -> Non
             raise _json_error(name, e) from None
 
 
-def read_v1(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any = ijson) -> None:
-    version = _read_section(open_stream, name, "version", backend)
+def read_v1(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any = ijson,
+            limits: Limits = DEFAULT_LIMITS) -> None:
+    version = _read_section(open_stream, name, "version", backend, limits)
     if version != 1 or isinstance(version, bool):
         raise ReferenceSetError(f"{name}: unsupported reference set version {version!r} (expected 1)")
-    raw_templates = _read_section(open_stream, name, "templates", backend) or {}
+    raw_templates = _read_section(open_stream, name, "templates", backend, limits) or {}
     if not isinstance(raw_templates, dict):
         raise ReferenceSetError(f"{name}: 'templates' must be an object")
-    gen = _read_section(open_stream, name, "gen", backend) or []
+    gen = _read_section(open_stream, name, "gen", backend, limits) or []
     if not isinstance(gen, list):
         raise ReferenceSetError(f"{name}: 'gen' must be a list")
     watchdog = _Watchdog()
@@ -405,13 +407,13 @@ def read_v1(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any 
                 add = builder.add_value
                 render = templates.render_url
                 n = 0
-                for key, value in backend.kvitems(f, "refs", use_float=True):
+                for key, value in backend.kvitems(JsonReader(f, name, limits), "refs", use_float=True):
                     add(key, value, render)
                     n += 1
             except ijson.JSONError as e:
                 raise _json_error(name, e) from None
         if n == 0:  # kvitems yields nothing for a 'refs' that is not an object: say so
-            _refs_must_be_an_object(open_stream, name, backend)
+            _refs_must_be_an_object(open_stream, name, backend, limits)
         for i, entry in enumerate(gen):
             expand_gen(entry, i, templates, builder)
 
