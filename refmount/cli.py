@@ -20,7 +20,7 @@ import tempfile
 import time
 
 from . import __version__
-from .config import OPTION_HELP, ConfigError, MountConfig, apply_options, split_options
+from .config import ConfigError, MountConfig, apply_options, options_help, split_options
 from .mountpoint import MountError, check_mountpoint, recover_stale_mount
 from .policy import TargetRefused, check_targets
 from .redact import RedactingFormatter, redact_url
@@ -32,14 +32,13 @@ READY_TIMEOUT = 120.0
 
 
 def _parser() -> argparse.ArgumentParser:
-    width = max(len(k) for k in OPTION_HELP) + 2
-    table = "\n".join(f"  {k:<{width}}{v}" for k, v in OPTION_HELP.items())
     p = argparse.ArgumentParser(
         prog="refmount",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Mount a kerchunk reference set (Version 0/1 JSON, or a Parquet "
         "reference directory) as a read-only directory tree.",
-        epilog=f"mount options (-o):\n{table}\n\n"
+        epilog=f"mount options (-o):\n{options_help()}\n\n"
+        "Sizes take K, M, G, T suffixes (powers of 1024).\n"
         "Other commands: refmount expand SOURCE [-o OUT] | refmount inspect SOURCE [--json] | "
         "refmount stats MOUNTPOINT [--json]\n\n"
         "Generic mount options (ro, nodev, nosuid, _netdev, noauto, x-systemd.*, ...) are "
