@@ -1,9 +1,10 @@
 """Command line: ``refmount SOURCE MOUNTPOINT [-o opt[,opt...]] [-f] [-d]``.
 
-Loading and validating the references happens here, in the foreground, so that a bad
-reference set is reported on stderr with a non-zero exit and no mount is left. Then a
-fresh daemon process is started (not forked: the parser's heap and threads stay behind)
-and we return 0 once it reports that the mount answers.
+Loading and validating the references happens before anything is mounted, so that a bad
+reference set is reported on stderr with a non-zero exit and no mount is left. By default
+the parse runs here, then a fresh daemon process is started (not forked: the parser's heap
+and threads stay behind) and we return 0 once it reports that the mount answers. With
+``-f`` this process serves, and the parse runs in a child process (indexer.py).
 """
 
 from __future__ import annotations
@@ -148,13 +149,14 @@ def _run(args: argparse.Namespace) -> int:
         return _fail(str(e))
     # Until the daemon takes over, warnings (e.g. skipped keys) go to stderr.
     _stderr_warnings()
+    if cfg.foreground:
+        return _run_foreground(cfg)
     launcher = None
     try:
         if cfg.recover:
             recover_stale_mount(cfg.mountpoint)
         check_mountpoint(cfg.mountpoint)
-        if not cfg.foreground:
-            launcher = DaemonLauncher(cfg.mountpoint)
+        launcher = DaemonLauncher(cfg.mountpoint)
         index_file = prepare_index(cfg)
         check_targets(cfg, index_file)
     except BaseException as e:
@@ -165,16 +167,38 @@ def _run(args: argparse.Namespace) -> int:
         if isinstance(e, MemoryError):
             return _fail(f"{cfg.source}: out of memory while indexing the reference set")
         raise
-    if cfg.foreground:
-        from .daemon import serve, setup_logging  # the daemon's imports, only when serving here
-
-        setup_logging(cfg, detached=False)
-        try:
-            return serve(cfg, index_file, on_ready=lambda: None)
-        except MountError as e:
-            return _fail(str(e))
-    assert launcher is not None
     return launcher.hand_over(cfg, index_file)
+
+
+def _run_foreground(cfg: MountConfig) -> int:
+    """``-f``: this process serves, from an index that a child process parsed (see
+    indexer.py), so that it never holds the parser's heap."""
+    from .indexer import Indexer, IndexerError
+
+    try:
+        if cfg.recover:
+            recover_stale_mount(cfg.mountpoint)
+        check_mountpoint(cfg.mountpoint)
+    except MountError as e:
+        return _fail(str(e))
+    indexer = Indexer(cfg)
+    try:
+        from .daemon import serve, setup_logging  # imported while the child parses
+    except BaseException:
+        indexer.kill()
+        raise
+    try:
+        index_file = indexer.result()
+    except IndexerError as e:
+        return _fail(str(e))
+    setup_logging(cfg, detached=False)
+    try:
+        return serve(cfg, index_file, on_ready=lambda: None)
+    except MountError as e:
+        return _fail(str(e))
+    finally:
+        if index_file.temporary and os.path.exists(index_file.path):
+            os.unlink(index_file.path)  # serve() removes it once mapped; not if it failed before
 
 
 def _stderr_warnings() -> None:
