@@ -68,7 +68,7 @@ class CacheWriter:
             os.set_blocking(self._notes, False)
             with contextlib.suppress(OSError):  # room for many notes (default: 64 KiB)
                 fcntl.fcntl(self._notes, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
-            cmd = [sys.executable, "-m", "refmount.cachewriter", str(read_end), str(ring_fd),
+            cmd = [sys.executable, "-P", "-m", "refmount.cachewriter", str(read_end), str(ring_fd),
                    str(self.capacity), self.disk.directory, str(self.disk.capacity),
                    "1" if self.disk.direct_io else "0"]
             self._proc = subprocess.Popen(

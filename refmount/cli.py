@@ -223,7 +223,7 @@ class DaemonLauncher:
         self._read_fd, write_fd = os.pipe()
         self._errlog = tempfile.TemporaryFile()  # noqa: SIM115 (closed in _close)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "refmount.daemon", "--ready-fd", str(write_fd), mountpoint],
+            [sys.executable, "-P", "-m", "refmount.daemon", "--ready-fd", str(write_fd), mountpoint],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=self._errlog,

@@ -42,7 +42,7 @@ class Indexer:
         env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
         self.source = cfg.source
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "refmount.indexer"],
+            [sys.executable, "-P", "-m", "refmount.indexer"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
         )
         assert self.proc.stdin is not None
