@@ -79,7 +79,7 @@ def run_install(*args: str, timeout: float = 900) -> subprocess.CompletedProcess
 
 @dataclass
 class Installation:
-    """refmount as ``scripts/install.sh`` installed it; ``fresh``: this session installed it."""
+    """refmount as ``scripts/install.sh`` installed it; ``fresh``: this test run installed it."""
 
     bin: Path
     venv: Path
