@@ -131,10 +131,15 @@ class Flag:
 
 @dataclass(frozen=True)
 class Text:
+    """A string; empty means None (the default's meaning) unless ``required``."""
+
     metavar: str = "NAME"
     pytype: str = "str | None"
+    required: bool = False
 
     def parse(self, name: str, text: str) -> str | None:
+        if self.required and not text:
+            raise ConfigError(f"{name} needs a {self.metavar.lower()}, got nothing")
         return text or None
 
     def show(self, value: Any) -> str:
@@ -339,7 +344,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("umask", Int(0, 0o777, base=8, metavar="OOO"), 0o222,
            "permission bits to remove (222: files 0444, directories 0555)"),
     Option("fsname", Text(), None, "the source shown in /proc/mounts", shown_default="SOURCE"),
-    Option("subtype", Text(), "refmount", "the type shown in /proc/mounts is fuse.NAME"),
+    Option("subtype", Text(pytype="str", required=True), "refmount",
+           "the type shown in /proc/mounts is fuse.NAME"),
     Option("attr_timeout", Seconds(), 86400.0,
            "how long the kernel may cache names and attributes"),
     Option("max_tasks", Int(1, 100_000), 256, "FUSE requests handled concurrently"),

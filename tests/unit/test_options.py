@@ -122,6 +122,7 @@ def test_every_option_parses_and_flags_take_no_value():
     ("allow_local=rel/dir", "allow_local takes absolute directories"),
     ("remote_options={secret", "remote_options is not valid JSON"),
     ("log=", "log must be stderr, syslog or a file path"),
+    ("subtype=", "subtype needs a name, got nothing"),
 ])
 def test_refusals_name_the_option_and_the_problem(opt, message):
     with pytest.raises(ConfigError) as e:
