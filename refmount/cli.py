@@ -26,6 +26,7 @@ from .mountpoint import MountError, check_mountpoint, recover_stale_mount
 from .policy import TargetRefused, check_targets
 from .redact import RedactingFormatter, redact_url
 from .refs import IndexFile, ReferenceSetError, prepare_index
+from .spawn import child_env, module_command
 
 log = logging.getLogger("refmount")
 
@@ -223,7 +224,8 @@ class DaemonLauncher:
         self._read_fd, write_fd = os.pipe()
         self._errlog = tempfile.TemporaryFile()  # noqa: SIM115 (closed in _close)
         self.proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "refmount.daemon", "--ready-fd", str(write_fd), mountpoint],
+            module_command("refmount.daemon", "--ready-fd", str(write_fd), mountpoint),
+            env=child_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=self._errlog,

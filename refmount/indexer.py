@@ -29,6 +29,7 @@ from typing import Any
 from .config import ConfigError, MountConfig
 from .mountpoint import MountError
 from .refs import IndexFile, ReferenceSetError, prepare_index
+from .spawn import child_env, module_command
 
 
 class IndexerError(RuntimeError):
@@ -39,10 +40,10 @@ class Indexer:
     """The parent's side: start the child, then :meth:`result` waits for its index."""
 
     def __init__(self, cfg: MountConfig) -> None:
-        env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}
+        env = child_env({k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"})
         self.source = cfg.source
         self.proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "refmount.indexer"],
+            module_command("refmount.indexer"),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
         )
         assert self.proc.stdin is not None
