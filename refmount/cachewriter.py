@@ -30,6 +30,7 @@ from typing import IO
 import trio
 
 from .cache import DiskCache, round_up
+from .spawn import child_env, module_command
 from .stats import Stats
 
 log = logging.getLogger(__name__)
@@ -68,11 +69,11 @@ class CacheWriter:
             os.set_blocking(self._notes, False)
             with contextlib.suppress(OSError):  # room for many notes (default: 64 KiB)
                 fcntl.fcntl(self._notes, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
-            cmd = [sys.executable, "-m", "refmount.cachewriter", str(read_end), str(ring_fd),
-                   str(self.capacity), self.disk.directory, str(self.disk.capacity),
-                   "1" if self.disk.direct_io else "0"]
+            cmd = module_command("refmount.cachewriter", str(read_end), str(ring_fd),
+                                 str(self.capacity), self.disk.directory, str(self.disk.capacity),
+                                 "1" if self.disk.direct_io else "0")
             self._proc = subprocess.Popen(
-                cmd, pass_fds=(read_end, ring_fd), stdin=subprocess.DEVNULL,
+                cmd, env=child_env(), pass_fds=(read_end, ring_fd), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
             )
         except OSError as e:

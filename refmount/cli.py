@@ -1,9 +1,10 @@
 """Command line: ``refmount SOURCE MOUNTPOINT [-o opt[,opt...]] [-f] [-d]``.
 
-Loading and validating the references happens here, in the foreground, so that a bad
-reference set is reported on stderr with a non-zero exit and no mount is left. Then a
-fresh daemon process is started (not forked: the parser's heap and threads stay behind)
-and we return 0 once it reports that the mount answers.
+Loading and validating the references happens before anything is mounted, so that a bad
+reference set is reported on stderr with a non-zero exit and no mount is left. By default
+the parse runs here, then a fresh daemon process is started (not forked: the parser's heap
+and threads stay behind) and we return 0 once it reports that the mount answers. With
+``-f`` this process serves, and the parse runs in a child process (indexer.py).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import tempfile
 import time
 
 from . import __version__
-from .config import OPTION_HELP, ConfigError, MountConfig, apply_options, split_options
+from .config import ConfigError, MountConfig, apply_options, options_help, split_options
 from .mountpoint import MountError, check_mountpoint, recover_stale_mount
 from .policy import TargetRefused, check_targets
 from .redact import RedactingFormatter, redact_url
 from .refs import IndexFile, ReferenceSetError, prepare_index
+from .spawn import child_env, module_command
 
 log = logging.getLogger("refmount")
 
@@ -32,14 +34,13 @@ READY_TIMEOUT = 120.0
 
 
 def _parser() -> argparse.ArgumentParser:
-    width = max(len(k) for k in OPTION_HELP) + 2
-    table = "\n".join(f"  {k:<{width}}{v}" for k, v in OPTION_HELP.items())
     p = argparse.ArgumentParser(
         prog="refmount",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Mount a kerchunk reference set (Version 0/1 JSON, or a Parquet "
         "reference directory) as a read-only directory tree.",
-        epilog=f"mount options (-o):\n{table}\n\n"
+        epilog=f"mount options (-o):\n{options_help()}\n\n"
+        "Sizes take K, M, G, T suffixes (powers of 1024).\n"
         "Other commands: refmount expand SOURCE [-o OUT] | refmount inspect SOURCE [--json] | "
         "refmount stats MOUNTPOINT [--json]\n\n"
         "Generic mount options (ro, nodev, nosuid, _netdev, noauto, x-systemd.*, ...) are "
@@ -149,17 +150,18 @@ def _run(args: argparse.Namespace) -> int:
         return _fail(str(e))
     # Until the daemon takes over, warnings (e.g. skipped keys) go to stderr.
     _stderr_warnings()
+    if cfg.foreground:
+        return _run_foreground(cfg)
     launcher = None
     index_file: IndexFile | None = None
     try:
         if cfg.recover:
             recover_stale_mount(cfg.mountpoint)
         check_mountpoint(cfg.mountpoint)
-        if not cfg.foreground:
-            launcher = DaemonLauncher(cfg.mountpoint)
+        launcher = DaemonLauncher(cfg.mountpoint)
         index_file = prepare_index(cfg)
         check_targets(cfg, index_file)
-        if cfg.decode and not cfg.foreground:
+        if cfg.decode:
             _warn_not_decoded(cfg, index_file)
     except BaseException as e:
         if launcher is not None:
@@ -171,18 +173,37 @@ def _run(args: argparse.Namespace) -> int:
         if isinstance(e, MemoryError):
             return _fail(f"{cfg.source}: out of memory while indexing the reference set")
         raise
-    if cfg.foreground:
-        from .daemon import serve, setup_logging  # the daemon's imports, only when serving here
-
-        setup_logging(cfg, detached=False)
-        try:
-            return serve(cfg, index_file, on_ready=lambda: None)
-        except MountError as e:
-            return _fail(str(e))
-        finally:
-            _remove_temporary(index_file)
-    assert launcher is not None
     return launcher.hand_over(cfg, index_file)
+
+
+def _run_foreground(cfg: MountConfig) -> int:
+    """``-f``: this process serves, from an index that a child process parsed (see
+    indexer.py), so that it never holds the parser's heap."""
+    from .indexer import Indexer, IndexerError
+
+    try:
+        if cfg.recover:
+            recover_stale_mount(cfg.mountpoint)
+        check_mountpoint(cfg.mountpoint)
+    except MountError as e:
+        return _fail(str(e))
+    indexer = Indexer(cfg)
+    try:
+        from .daemon import serve, setup_logging  # imported while the child parses
+    except BaseException:
+        indexer.kill()
+        raise
+    try:
+        index_file = indexer.result()
+    except IndexerError as e:
+        return _fail(str(e))
+    setup_logging(cfg, detached=False)
+    try:
+        return serve(cfg, index_file, on_ready=lambda: None)
+    except MountError as e:
+        return _fail(str(e))
+    finally:
+        _remove_temporary(index_file)  # serve() removes it once mapped; not if it failed before
 
 
 def _warn_not_decoded(cfg: MountConfig, index_file: IndexFile) -> None:
@@ -227,7 +248,8 @@ class DaemonLauncher:
         self._read_fd, write_fd = os.pipe()
         self._errlog = tempfile.TemporaryFile()  # noqa: SIM115 (closed in _close)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "refmount.daemon", "--ready-fd", str(write_fd), mountpoint],
+            module_command("refmount.daemon", "--ready-fd", str(write_fd), mountpoint),
+            env=child_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=self._errlog,

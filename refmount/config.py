@@ -1,15 +1,21 @@
 """One configuration object, built from the command line / mount options.
 
-Everything that tunes the daemon lives in :class:`MountConfig`; nothing is read from
-module-level state. The object is serialised to JSON to hand it to the detached daemon
-process over a pipe (never argv, so secrets in ``remote_options`` stay out of ``ps``).
+Every ``-o`` option is declared once, in :data:`OPTIONS`: its name, the kind of value it takes,
+its default and one line of help. :class:`MountConfig` (its fields and defaults), the parsing of
+``-o`` (:func:`apply_options`), ``refmount --help`` (:func:`options_help`) and the table of
+``docs/configuration.md`` (:func:`options_markdown`, written by ``scripts/options_doc.py``) are
+all made from that table. Nothing is read from module-level state at mount time. The object is
+serialised to JSON to hand it to the detached daemon process over a pipe (never argv, so
+secrets in ``remote_options`` stay out of ``ps``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,70 +29,6 @@ def default_cache_dir() -> str:
         return "/var/cache/refmount"
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "refmount")
-
-
-@dataclass
-class MountConfig:
-    source: str = ""
-    mountpoint: str = ""
-    # fsspec: protocol for target URLs without one, and storage options for targets / SOURCE.
-    remote_protocol: str | None = None
-    remote_options: dict[str, Any] = field(default_factory=dict)
-    target_options: dict[str, Any] = field(default_factory=dict)
-    # FUSE / permissions
-    allow_other: bool = False
-    allow_root: bool = False
-    uid: int = field(default_factory=os.getuid)
-    gid: int = field(default_factory=os.getgid)
-    umask: int = 0o222
-    fsname: str | None = None
-    subtype: str = "refmount"
-    attr_timeout: float = 86400.0
-    max_tasks: int = 256
-    # caching
-    cache_dir: str = field(default_factory=default_cache_dir)
-    disk_cache: bool = True
-    cache_size: int = 10 * 2**30
-    max_readahead: int = 64 * 2**20
-    read_ahead_kb: int = 1024  # kernel readahead for the mount's bdi (root only)
-    memory_cache_size: int = 512 * 2**20
-    whole_fetch_limit: int = 32 * 2**20
-    block_size: int = 4 * 2**20
-    page_push: bool = True  # store chunks already in memory in the kernel's page cache at open
-    decode: bool = False  # serve zarr chunks decoded and metadata without codecs (decoded.py)
-    # fetching
-    timeout: float = 30.0
-    retries: int = 3
-    max_connections: int = 32
-    merge_gap: int = 64 * 2**10  # concurrent reads of ranges this close share one request
-    # process / logging
-    foreground: bool = False
-    debug: bool = False
-    log: str | None = None  # "stderr" | "syslog" | path; None = stderr in foreground, syslog/file detached
-    log_level: str = "info"
-    bad_keys: str = "error"  # "error" | "skip"
-    # Local targets are readable only under these directories ("/" = all). None = the
-    # default: all when only the mounting user can access the mount (no escalation is
-    # possible), and only the directory of a local SOURCE (nothing for a remote SOURCE)
-    # when the mount is shared (allow_other / allow_root).
-    allow_local: list[str] | None = None
-    recover: bool = False  # clear a stale (dead-daemon) mount at MOUNTPOINT first
-    # bounds on reading a reference set (refs/limits.py)
-    max_inline: int = 64 * 2**20  # bytes of one inline value
-    max_ratio: int = 200  # decompressed / compressed bytes of SOURCE; 0: no limit
-    max_key_depth: int = 4095  # components of a key (directory inodes keep 12 bits of depth)
-    max_key_length: int = 64 * 2**10  # bytes of a key
-    max_nesting: int = 256  # nesting of JSON arrays and objects in SOURCE
-
-    def local_roots(self) -> list[str]:
-        if self.allow_local is not None:
-            return self.allow_local
-        if not (self.allow_other or self.allow_root):
-            return ["/"]
-        if "://" not in self.source and "::" not in self.source:
-            real = os.path.realpath(self.source)  # a directory is a Parquet set: itself
-            return [real if os.path.isdir(real) else os.path.dirname(real)]
-        return []
 
 
 def split_options(text: str) -> list[str]:
@@ -158,27 +100,360 @@ def _json_option(name: str, value: str) -> dict[str, Any]:
     return obj
 
 
-def _int(name: str, value: str, base: int = 10, *, lo: int | None = None, hi: int | None = None) -> int:
-    try:
-        v = int(value, base)
-    except ValueError:
-        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        fmt = "{:o}" if base == 8 else "{}"
-        raise ConfigError(f"{name} must be from {fmt.format(lo)} to {fmt.format(hi)}, got {value!r}")
-    return v
+
+def format_size(n: int) -> str:
+    """Bytes as the largest unit that divides them exactly: 4194304 -> '4M'."""
+    for suffix, m in (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n and n % m == 0:
+            return f"{n // m}{suffix}"
+    return str(n)
 
 
-def _float(name: str, value: str) -> float:
-    try:
-        v = float(value)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(v):  # trio's deadlines and the kernel's timeouts take finite numbers
-        raise ConfigError(f"{name} must be a finite number of seconds, got {value!r}")
-    if v <= 0:
-        raise ConfigError(f"{name} must be positive, got {value!r}")
-    return v
+# --- kinds of values ---------------------------------------------------------------------------
+# A kind turns the text after ``name=`` into the field's value (raising ConfigError with a
+# message that names the option and the problem) and shows a default the way it is written.
+
+
+@dataclass(frozen=True)
+class Flag:
+    """An option without a value: writing it sets the field to ``sets``."""
+
+    sets: Any = True
+    metavar: str = ""
+    pytype: str = "bool"
+
+    def parse(self, name: str, text: str) -> Any:
+        return self.sets
+
+    def show(self, value: Any) -> str:
+        return "off"
+
+
+@dataclass(frozen=True)
+class Text:
+    """A string; empty means None (the default's meaning) unless ``required``."""
+
+    metavar: str = "NAME"
+    pytype: str = "str | None"
+    required: bool = False
+
+    def parse(self, name: str, text: str) -> str | None:
+        if self.required and not text:
+            raise ConfigError(f"{name} needs a {self.metavar.lower()}, got nothing")
+        return text or None
+
+    def show(self, value: Any) -> str:
+        return "none" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class Choice:
+    choices: tuple[str, ...]
+    pytype: str = "str"
+
+    @property
+    def metavar(self) -> str:
+        return "|".join(self.choices)
+
+    def parse(self, name: str, text: str) -> str:
+        if text.lower() not in self.choices:
+            raise ConfigError(f"{name} must be {', '.join(self.choices[:-1])} or "
+                              f"{self.choices[-1]}, got {text!r}")
+        return text.lower()
+
+    def show(self, value: Any) -> str:
+        return str(value)
+
+
+@dataclass(frozen=True)
+class Json:
+    """A JSON object, inline or ``@FILE``; never echoed in errors (it may hold credentials)."""
+
+    metavar: str = "JSON|@FILE"
+    pytype: str = "dict[str, Any]"
+
+    def parse(self, name: str, text: str) -> dict[str, Any]:
+        return _json_option(name, text)
+
+    def show(self, value: Any) -> str:
+        return json.dumps(value)
+
+
+@dataclass(frozen=True)
+class Int:
+    lo: int
+    hi: int = 2**31 - 1
+    base: int = 10
+    metavar: str = "N"
+    pytype: str = "int"
+
+    def parse(self, name: str, text: str) -> int:
+        try:
+            v = int(text, self.base)
+        except ValueError:
+            what = "an octal number" if self.base == 8 else "an integer"
+            raise ConfigError(f"{name} must be {what}, got {text!r}") from None
+        if not self.lo <= v <= self.hi:
+            raise ConfigError(f"{name} must be from {self.show(self.lo)} to {self.show(self.hi)}, "
+                              f"got {text!r}")
+        return v
+
+    def show(self, value: Any) -> str:
+        return f"{value:03o}" if self.base == 8 else str(value)
+
+
+@dataclass(frozen=True)
+class Size:
+    """Bytes with an optional K/M/G/T suffix (powers of 1024); ``off`` gives ``off_value``."""
+
+    lo: int = 0
+    off_value: int | None = None
+    metavar: str = "SIZE"
+    pytype: str = "int"
+
+    def parse(self, name: str, text: str) -> int:
+        if self.off_value is not None and text.strip().lower() in ("off", str(self.off_value)):
+            return self.off_value
+        v = parse_size(text, name)
+        if v < self.lo:
+            raise ConfigError(f"{name} must be at least {format_size(self.lo)}, got {text!r}")
+        return v
+
+    def show(self, value: Any) -> str:
+        return "off" if value == self.off_value else format_size(value)
+
+
+@dataclass(frozen=True)
+class Seconds:
+    metavar: str = "SEC"
+    pytype: str = "float"
+
+    def parse(self, name: str, text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise ConfigError(f"{name} must be a number of seconds, got {text!r}") from None
+        if not math.isfinite(v):  # trio's deadlines and the kernel's timeouts take finite numbers
+            raise ConfigError(f"{name} must be a finite number of seconds, got {text!r}")
+        if v <= 0:
+            raise ConfigError(f"{name} must be positive, got {text!r}")
+        return v
+
+    def show(self, value: Any) -> str:
+        return f"{value:g}"
+
+
+@dataclass(frozen=True)
+class Directory:
+    """A path, made absolute against the directory refmount was started in (the daemon
+    changes to / before it uses it)."""
+
+    metavar: str = "DIR"
+    pytype: str = "str"
+
+    def parse(self, name: str, text: str) -> str:
+        if not text:
+            raise ConfigError(f"{name} needs a path, got nothing")
+        return os.path.abspath(text)
+
+    def show(self, value: Any) -> str:
+        return str(value)
+
+
+@dataclass(frozen=True)
+class LogTarget:
+    metavar: str = "stderr|syslog|FILE"
+    pytype: str = "str | None"
+
+    def parse(self, name: str, text: str) -> str:
+        if not text:
+            raise ConfigError(f"{name} must be stderr, syslog or a file path, got nothing")
+        return text if text in ("stderr", "syslog") else os.path.abspath(text)
+
+    def show(self, value: Any) -> str:
+        return str(value)
+
+
+@dataclass(frozen=True)
+class Directories:
+    metavar: str = "DIR[:DIR...]"
+    pytype: str = "list[str] | None"
+
+    def parse(self, name: str, text: str) -> list[str]:
+        roots = [r for r in text.split(":") if r]
+        if not all(os.path.isabs(r) for r in roots):
+            raise ConfigError(f"{name} takes absolute directories separated by ':', got {text!r}")
+        return [os.path.realpath(r) for r in roots]
+
+    def show(self, value: Any) -> str:
+        return ":".join(value)
+
+
+Kind = Flag | Text | Choice | Json | Int | Size | Seconds | Directory | LogTarget | Directories
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ``-o`` option. ``default`` is the MountConfig field's default (a callable is called
+    for each new config); ``shown_default`` documents it when the value alone says little."""
+
+    name: str
+    kind: Kind
+    default: Any
+    help: str
+    field: str = ""  # the MountConfig attribute, when it is not ``name``
+    shown_default: str = ""
+    implies: tuple[tuple[str, Any], ...] = ()  # other fields this option also sets
+
+    @property
+    def attr(self) -> str:
+        return self.field or self.name
+
+    @property
+    def spec(self) -> str:
+        """How it is written: ``name`` or ``name=METAVAR``."""
+        return f"{self.name}={self.kind.metavar}" if self.kind.metavar else self.name
+
+    def shown(self) -> str:
+        if self.shown_default:
+            return self.shown_default
+        return self.kind.show(self.default() if callable(self.default) else self.default)
+
+
+# --- the option table --------------------------------------------------------------------------
+# One entry per option: name, kind of value, default, help. Keep them in the order --help and
+# docs/configuration.md show them.
+
+OPTIONS: tuple[Option, ...] = (
+    # fsspec: protocol for target URLs without one, and storage options for targets / SOURCE
+    Option("remote_protocol", Text("P"), None,
+           "protocol for target URLs that have none (e.g. s3, http)"),
+    Option("remote_options", Json(), dict,
+           "fsspec storage options for the targets (credentials, endpoint, anon)"),
+    Option("target_options", Json(), dict,
+           "fsspec storage options for opening SOURCE itself"),
+    # FUSE and permissions
+    Option("allow_other", Flag(), False,
+           "let other users access the mount (needs user_allow_other in /etc/fuse.conf for "
+           "non-root)"),
+    Option("allow_root", Flag(), False, "let root access the mount"),
+    Option("uid", Int(0, 2**32 - 2), os.getuid, "owner of all files and directories",
+           shown_default="the mounting user"),
+    Option("gid", Int(0, 2**32 - 2), os.getgid, "group of all files and directories",
+           shown_default="the mounting user's group"),
+    Option("umask", Int(0, 0o777, base=8, metavar="OOO"), 0o222,
+           "permission bits to remove (222: files 0444, directories 0555)"),
+    Option("fsname", Text(), None, "the source shown in /proc/mounts", shown_default="SOURCE"),
+    Option("subtype", Text(pytype="str", required=True), "refmount",
+           "the type shown in /proc/mounts is fuse.NAME"),
+    Option("attr_timeout", Seconds(), 86400.0,
+           "how long the kernel may cache names and attributes"),
+    Option("max_tasks", Int(1, 100_000), 256, "FUSE requests handled concurrently"),
+    # caching
+    Option("cache_dir", Directory(), default_cache_dir,
+           "persistent cache (index and data blocks)",
+           shown_default="~/.cache/refmount, or /var/cache/refmount for root"),
+    Option("cache_size", Size(), 10 * 2**30, "bound of the disk block cache; LRU eviction"),
+    Option("no_disk_cache", Flag(False), True,
+           "keep nothing on disk (the index goes to a temporary file)", field="disk_cache"),
+    Option("max_readahead", Size(), 64 * 2**20,
+           "largest readahead window, in a file and across keys read in target order (0: off)"),
+    Option("read_ahead_kb", Int(0, 2**20), 1024,
+           "kernel readahead of the mount in KiB, set when root (0: the kernel's default)"),
+    Option("memory_cache", Size(), 512 * 2**20, "bound of the in-memory block cache",
+           field="memory_cache_size"),
+    Option("whole_fetch_limit", Size(), 32 * 2**20,
+           "range references up to this size are fetched whole"),
+    Option("block_size", Size(lo=4096), 4 * 2**20,
+           "block size for larger ranges and whole-file targets, and the grid on which "
+           "stretches read ahead across keys are cached on disk"),
+    Option("no_page_push", Flag(False), True,
+           "do not store chunks read ahead in the kernel's page cache when they are opened "
+           "(each then costs a READ round trip)", field="page_push"),
+    Option("decode", Flag(), False,
+           "serve every zarr chunk decoded (compressor and filters applied, little-endian) and "
+           "each .zarray without codecs, so that readers without the codecs (ncdump, GDAL) read "
+           "all arrays"),
+    # fetching
+    Option("timeout", Seconds(), 30.0,
+           "time limit for one read's fetch, retries included; a read that waited for a "
+           "failed readahead of the same bytes gets one more fetch, so EIO comes within "
+           "2 x timeout"),
+    Option("retries", Int(0, 100), 3, "retries of a failed fetch, with backoff"),
+    Option("max_connections", Int(1, 10_000), 32, "concurrent requests to each target host"),
+    Option("merge_gap", Size(off_value=-1), 64 * 2**10,
+           "ranges of one target requested at once and at most this far apart are fetched by "
+           "one request of up to block_size ('off' to disable)"),
+    # process and logging
+    Option("log", LogTarget(), None,
+           "where the daemon logs; without /dev/log, syslog means the file "
+           "cache_dir/log/MOUNTPOINT.log", shown_default="stderr with -f, else syslog"),
+    Option("log_level", Choice(("debug", "info", "warning", "error")), "info",
+           "how much the daemon logs"),
+    Option("debug", Flag(), False, "log at debug level, FUSE requests included",
+           implies=(("log_level", "debug"),)),
+    # what a reference set may do
+    Option("bad_keys", Choice(("error", "skip")), "error",
+           "refuse a reference set with keys that cannot be paths, or skip those keys with a "
+           "warning"),
+    Option("allow_local", Directories(), None,
+           "local files that references may read",
+           shown_default="all for a private mount; for a shared one (allow_other, "
+           "allow_root) the directory of a local SOURCE (a Parquet directory itself), none for "
+           "a remote SOURCE"),
+    Option("recover", Flag(), False,
+           "if MOUNTPOINT is a stale mount left by a killed daemon, clear it first"),
+    # bounds on reading a reference set (refs/limits.py)
+    Option("max_inline", Size(lo=1), 64 * 2**20,
+           "largest inline value after decoding (also a Parquet 'raw' cell)"),
+    Option("max_ratio", Int(0, 2**62), 200,
+           "refuse a compressed SOURCE that expands more than N times (beyond its first 64M "
+           "of output; 0: no limit)"),
+    Option("max_key_depth", Int(1, 4095), 4095,
+           "most '/'-separated components of a key (directory inodes keep 12 bits of depth)"),
+    Option("max_key_length", Size(lo=1), 64 * 2**10, "longest key, in bytes"),
+    Option("max_nesting", Int(2, 512), 256,
+           "deepest nesting of JSON arrays and objects in SOURCE"),
+)
+
+OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+
+
+@dataclass
+class _MountBase:
+    """What the command line gives besides ``-o`` options, and behaviour of the config."""
+
+    source: str = ""
+    mountpoint: str = ""
+    foreground: bool = False
+
+    def local_roots(self) -> list[str]:
+        """Directories local targets may lie under (``allow_local``, or its default)."""
+        allow_local: list[str] | None = self.allow_local  # type: ignore[attr-defined]
+        if allow_local is not None:
+            return allow_local
+        if not (self.allow_other or self.allow_root):  # type: ignore[attr-defined]
+            return ["/"]
+        if "://" not in self.source and "::" not in self.source:
+            real = os.path.realpath(self.source)  # a directory is a Parquet set: itself
+            return [real if os.path.isdir(real) else os.path.dirname(real)]
+        return []
+
+
+def _field(option: Option) -> tuple[str, str, Any]:
+    d = option.default
+    spec = field(default_factory=d) if callable(d) else field(default=d)
+    return option.attr, option.kind.pytype, spec
+
+
+MountConfig = dataclasses.make_dataclass(
+    "MountConfig",
+    [_field(o) for o in OPTIONS],
+    bases=(_MountBase,),
+    namespace={"__module__": __name__,
+               "__doc__": "Everything that tunes a mount: SOURCE, MOUNTPOINT, -f and one "
+                          "field per entry of OPTIONS."},
+)
 
 
 # Generic mount(8)/mount.fuse3 options that a filesystem helper must accept (and may ignore).
@@ -188,153 +463,52 @@ IGNORED_OPTIONS = frozenset(
      "default_permissions", "async", "sync"}
 )
 
-OPTION_HELP: dict[str, str] = {
-    "remote_protocol=P": "protocol for target URLs that have none (e.g. s3, http)",
-    "remote_options=JSON|@FILE": "fsspec storage options for the targets (credentials, endpoint, anon)",
-    "target_options=JSON|@FILE": "fsspec storage options for opening SOURCE itself",
-    "allow_other": "let other users access the mount (needs user_allow_other for non-root)",
-    "allow_root": "let root access the mount",
-    "uid=N, gid=N": "owner of all files (default: the mounting user)",
-    "umask=OOO": "permission bits to remove (default 222: files 0444, dirs 0555)",
-    "fsname=NAME, subtype=NAME": "names shown in /proc/mounts (default: SOURCE, refmount)",
-    "cache_dir=DIR": "persistent cache (index and data blocks); default ~/.cache/refmount "
-    "or /var/cache/refmount for root",
-    "cache_size=SIZE": "bound of the disk block cache (default 10G); LRU eviction",
-    "no_disk_cache": "keep nothing on disk (the index goes to a temporary file)",
-    "max_readahead=SIZE": "largest readahead window, in a file and across keys read in target "
-                          "order (default 64M; 0: off)",
-    "read_ahead_kb=N": "kernel readahead of the mount, set when root (default 1024)",
-    "memory_cache=SIZE": "bound of the in-memory block cache (default 512M)",
-    "whole_fetch_limit=SIZE": "range references up to this size are fetched whole (default 32M)",
-    "block_size=SIZE": "block size for larger ranges and whole-file targets (default 4M)",
-    "no_page_push": "do not store chunks read ahead in the kernel's page cache when they are "
-                    "opened (each then costs a READ round trip)",
-    "decode": "serve every zarr chunk decoded (compressor and filters applied, little-endian) and "
-              "each .zarray without codecs, so that readers without the codecs (ncdump, GDAL) read "
-              "all arrays",
-    "timeout=SEC": "time limit for one read's fetch, retries included (default 30)",
-    "retries=N": "retries of a failed fetch, with backoff (default 3)",
-    "max_connections=N": "concurrent requests to each target host (default 32)",
-    "merge_gap=SIZE": "ranges of one target requested at once and at most this far apart are "
-                      "fetched by one request of up to block_size (default 64K; 'off' to disable)",
-    "attr_timeout=SEC": "how long the kernel may cache names and attributes (default 86400)",
-    "max_tasks=N": "FUSE requests handled concurrently (default 256)",
-    "log=stderr|syslog|FILE": "where the daemon logs (default: stderr with -f, else syslog, "
-    "or a file in cache_dir when there is no syslog)",
-    "log_level=LEVEL": "debug, info, warning or error (default info)",
-    "allow_local=DIR[:DIR...]": "local files that references may read; default: all for a "
-    "private mount, and for a shared one (allow_other/allow_root) only the directory of a local "
-    "SOURCE (a Parquet directory itself; none for a remote SOURCE)",
-    "recover": "if MOUNTPOINT is a stale mount left by a killed daemon, clear it first",
-    "bad_keys=error|skip": "refuse a reference set with keys that cannot be paths (default), "
-    "or skip those keys with a warning",
-    "max_inline=SIZE": "largest inline value (also a Parquet 'raw' cell) (default 64M)",
-    "max_ratio=N": "refuse a compressed SOURCE that expands more than N times (beyond its "
-    "first 64M of output; default 200; 0: no limit)",
-    "max_key_depth=N": "most '/'-separated components of a key (default and at most 4095)",
-    "max_key_length=SIZE": "longest key, in bytes (default 64K)",
-    "max_nesting=N": "deepest nesting of JSON arrays and objects in SOURCE (default 256)",
-}
 
-
-def apply_options(cfg: MountConfig, options: list[str]) -> None:
+def apply_options(cfg: Any, options: list[str]) -> None:
     """Apply ``-o`` options (already split) to ``cfg``; raises ConfigError on bad ones."""
     for opt in options:
         name, sep, value = opt.partition("=")
         name = name.strip()
         if name in IGNORED_OPTIONS or name == "comment" or name.startswith(("x-systemd.", "x-")):
             continue
-        flag_only = {"allow_other", "allow_root", "no_disk_cache", "no_page_push", "debug", "recover",
-                     "decode"}
-        if name in flag_only:
+        option = OPTIONS_BY_NAME.get(name)
+        if option is None:
+            raise ConfigError(f"unknown option {name!r} (see refmount --help)")
+        if isinstance(option.kind, Flag):
             if sep:
-                raise ConfigError(f"option {name} takes no value")
+                raise ConfigError(f"option {name!r} takes no value")
         elif not sep:
-            raise ConfigError(f"option {name!r} needs a value ({name}=...)")
-        match name:
-            case "remote_protocol":
-                cfg.remote_protocol = value or None
-            case "remote_options":
-                cfg.remote_options = _json_option(name, value)
-            case "target_options":
-                cfg.target_options = _json_option(name, value)
-            case "allow_other":
-                cfg.allow_other = True
-            case "allow_root":
-                cfg.allow_root = True
-            case "uid":
-                cfg.uid = _int(name, value, lo=0, hi=2**32 - 2)
-            case "gid":
-                cfg.gid = _int(name, value, lo=0, hi=2**32 - 2)
-            case "umask":
-                cfg.umask = _int(name, value, 8, lo=0, hi=0o777)
-            case "fsname":
-                cfg.fsname = value
-            case "subtype":
-                cfg.subtype = value
-            case "cache_dir":
-                cfg.cache_dir = os.path.abspath(value)
-            case "no_disk_cache":
-                cfg.disk_cache = False
-            case "no_page_push":
-                cfg.page_push = False
-            case "decode":
-                cfg.decode = True
-            case "cache_size":
-                cfg.cache_size = parse_size(value, name)
-            case "max_readahead":
-                cfg.max_readahead = parse_size(value, name)
-            case "read_ahead_kb":
-                cfg.read_ahead_kb = max(_int(name, value), 0)
-            case "memory_cache":
-                cfg.memory_cache_size = parse_size(value, name)
-            case "whole_fetch_limit":
-                cfg.whole_fetch_limit = parse_size(value, name)
-            case "block_size":
-                cfg.block_size = max(parse_size(value, name), 4096)
-            case "timeout":
-                cfg.timeout = _float(name, value)
-            case "retries":
-                cfg.retries = max(_int(name, value), 0)
-            case "max_connections":
-                cfg.max_connections = max(_int(name, value), 1)
-            case "merge_gap":
-                cfg.merge_gap = -1 if value in ("off", "-1") else parse_size(value, name)
-            case "attr_timeout":
-                cfg.attr_timeout = _float(name, value)
-            case "max_tasks":
-                cfg.max_tasks = max(_int(name, value), 1)
-            case "log":
-                # The daemon changes to / before it opens the log: a relative path is
-                # taken relative to where refmount was started.
-                cfg.log = value if value in ("stderr", "syslog") else os.path.abspath(value)
-            case "log_level":
-                if value.lower() not in ("debug", "info", "warning", "error"):
-                    raise ConfigError(f"log_level must be debug, info, warning or error: {value!r}")
-                cfg.log_level = value.lower()
-            case "bad_keys":
-                if value not in ("error", "skip"):
-                    raise ConfigError(f"bad_keys must be 'error' or 'skip', got {value!r}")
-                cfg.bad_keys = value
-            case "allow_local":
-                roots = [r for r in value.split(":") if r]
-                if not all(os.path.isabs(r) for r in roots):
-                    raise ConfigError("allow_local takes absolute directories separated by ':'")
-                cfg.allow_local = [os.path.realpath(r) for r in roots]
-            case "recover":
-                cfg.recover = True
-            case "max_inline":
-                cfg.max_inline = parse_size(value, name)
-            case "max_ratio":
-                cfg.max_ratio = _int(name, value, lo=0, hi=2**62)
-            case "max_key_depth":
-                cfg.max_key_depth = _int(name, value, lo=1, hi=4095)
-            case "max_key_length":
-                cfg.max_key_length = max(parse_size(value, name), 1)
-            case "max_nesting":
-                cfg.max_nesting = _int(name, value, lo=2, hi=512)
-            case "debug":
-                cfg.debug = True
-                cfg.log_level = "debug"
-            case _:
-                raise ConfigError(f"unknown option {name!r} (see refmount --help)")
+            raise ConfigError(f"option {name!r} needs a value ({option.spec})")
+        setattr(cfg, option.attr, option.kind.parse(name, value))
+        for attr, implied in option.implies:
+            setattr(cfg, attr, implied)
+
+
+# --- renderings of the table -------------------------------------------------------------------
+
+
+def options_help(width: int = 100) -> str:
+    """The ``-o`` part of ``refmount --help``: one entry per option, its default last."""
+    col = 28
+    lines = []
+    for o in OPTIONS:
+        text = f"{o.help} (default: {o.shown()})"
+        body = textwrap.wrap(text, width - col)
+        if len(o.spec) > col - 4:
+            lines.append(f"  {o.spec}")
+            body_lines = body
+        else:
+            lines.append(f"  {o.spec:<{col - 2}}{body[0]}")
+            body_lines = body[1:]
+        lines.extend(" " * col + more for more in body_lines)
+    return "\n".join(lines)
+
+
+def options_markdown() -> str:
+    """The options table of docs/configuration.md."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    rows = ["| option | default | meaning |", "| --- | --- | --- |"]
+    rows += [f"| `{cell(o.spec)}` | {cell(o.shown())} | {cell(o.help)} |" for o in OPTIONS]
+    return "\n".join(rows)

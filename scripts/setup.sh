@@ -29,10 +29,8 @@ done
 
 say() { printf 'setup: %s\n' "$*"; }
 
-SUDO=()
-if [ "$(id -u)" -ne 0 ]; then
-    SUDO=(sudo)
-fi
+# shellcheck source=lib/apt.sh
+. scripts/lib/apt.sh
 
 # fuse3/libfuse3-dev/pkg-config/gcc/python3-dev: pyfuse3 is an sdist built against libfuse3.
 # python3-venv: `python3 -m venv` on Debian's python3.
@@ -45,20 +43,7 @@ if [ "$BENCH" -eq 1 ]; then
     PKGS+=(libfuse2)
 fi
 
-missing=()
-for p in "${PKGS[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
-        missing+=("$p")
-    fi
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-    say "apt: installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    "${SUDO[@]}" apt-get update -q
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
-else
-    say "apt: all ${#PKGS[@]} packages present"
-fi
+apt_ensure "${PKGS[@]}"
 
 if [ ! -x .venv/bin/python ]; then
     say "creating .venv with $(command -v python3) ($(python3 --version 2>&1))"

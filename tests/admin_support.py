@@ -1,10 +1,13 @@
 """Helpers for the administration tests (test_admin.py, test_systemd.py).
 
-Some of these tests change machine-wide state: ``/etc/fstab``, a ``/usr/local/bin/refmount``
-symlink (mount.fuse3 finds the helper on PATH), a stand-in syslog socket at ``/dev/log``. Every
-such change happens under :func:`machine_lock` (an flock on this file, so two test runs on one
-machine take turns) and is undone in a ``finally``: the symlink and the socket are removed only
-if the test created them, /etc/fstab gets its exact original bytes and mode back.
+Some of these tests change machine-wide state: ``/etc/fstab``, the system install made by
+``scripts/install.sh`` (``/opt/refmount``, ``/usr/local/bin/refmount`` where mount.fuse3 and
+systemd find the helper, the unit in /etc/systemd/system, /etc/refmount), a stand-in syslog
+socket at ``/dev/log``. Every such change happens under :func:`machine_lock` (an flock on this
+file, so two test runs on one machine take turns) and is undone in a ``finally``: the install is
+removed with ``install.sh --uninstall`` only if the session installed it (an existing install is
+updated to this checkout and kept), the socket only if the test created it, and /etc/fstab gets
+its exact original bytes and mode back.
 
 ``NotifySocket`` is the receiving end of systemd's notify protocol: an AF_UNIX datagram socket
 with SO_PASSCRED, so every message comes with the sender's PID (what systemd checks for
@@ -23,7 +26,6 @@ import socket
 import stat
 import struct
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,7 +33,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SYSTEMD_DIR = REPO / "systemd"
-VENV_SCRIPT = Path(sys.executable).parent / "refmount"
+INSTALL_SH = REPO / "scripts" / "install.sh"
+INSTALL_PREFIX = Path("/opt/refmount")
+INSTALLED_VENV = INSTALL_PREFIX / "venv"
+INSTALLED_UNIT = Path("/etc/systemd/system/refmount@.service")
+CONF_DIR = Path("/etc/refmount")
 PATH_LINK = Path("/usr/local/bin/refmount")
 FSTAB = Path("/etc/fstab")
 DEV_LOG = Path("/dev/log")
@@ -65,21 +71,56 @@ def machine_lock() -> Iterator[None]:
         os.close(fd)
 
 
+def run_install(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """``bash scripts/install.sh ARGS`` (as root), output captured."""
+    return subprocess.run(["bash", str(INSTALL_SH), *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, cwd="/")
+
+
+@dataclass
+class Installation:
+    """refmount as ``scripts/install.sh`` installed it; ``fresh``: this test run installed it."""
+
+    bin: Path
+    venv: Path
+    fresh: bool
+    output: str
+
+
+def installed_paths() -> list[Path]:
+    return [p for p in (INSTALL_PREFIX, PATH_LINK, INSTALLED_UNIT, CONF_DIR / "refmount.conf.example")
+            if os.path.lexists(p)]
+
+
 @contextlib.contextmanager
-def refmount_on_path() -> Iterator[Path]:
-    """``/usr/local/bin/refmount``: kept if present, else a symlink to this venv's console
-    script, removed again afterwards. Holds the machine lock throughout."""
+def system_install() -> Iterator[Installation]:
+    """Run ``scripts/install.sh`` (idempotent) once; afterwards ``install.sh --uninstall`` if
+    nothing was installed before, checking that it removes everything it installed and keeps
+    an administrator's configuration files."""
+    if os.geteuid() != 0:
+        raise AssertionError("the system install tests run as root (install.sh writes /opt, /etc)")
     with machine_lock():
-        created = False
-        if not os.path.lexists(PATH_LINK):
-            assert VENV_SCRIPT.exists(), f"{VENV_SCRIPT} missing: is refmount installed in the venv?"
-            os.symlink(VENV_SCRIPT, PATH_LINK)
-            created = True
-        try:
-            yield PATH_LINK
-        finally:
-            if created and PATH_LINK.is_symlink() and os.readlink(PATH_LINK) == str(VENV_SCRIPT):
-                os.unlink(PATH_LINK)
+        fresh = not installed_paths()
+        r = run_install()
+        assert r.returncode == 0, f"install.sh failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
+    try:
+        yield Installation(PATH_LINK, INSTALLED_VENV, fresh, r.stdout)
+    finally:
+        if fresh:
+            with machine_lock():
+                keep = CONF_DIR / "refmount-test-keep.conf"
+                keep.write_text("REFMOUNT_SOURCE=/nonexistent\n")
+                try:
+                    r = run_install("--uninstall")
+                    left = installed_paths()
+                    kept = keep.exists()
+                finally:
+                    keep.unlink(missing_ok=True)
+                    with contextlib.suppress(OSError):
+                        CONF_DIR.rmdir()
+                assert r.returncode == 0, f"install.sh --uninstall failed:\n{r.stdout}\n{r.stderr}"
+                assert not left, f"install.sh --uninstall left {left}:\n{r.stdout}"
+                assert kept, "install.sh --uninstall removed an administrator's conf file"
 
 
 @contextlib.contextmanager

@@ -567,3 +567,13 @@ def implied_dirs(keys) -> set[str]:
         for i in range(1, len(parts) + 1):
             dirs.add("/".join(parts[:i]))
     return dirs
+
+
+@pytest.fixture(scope="session")
+def system_install():
+    """refmount installed for system use by scripts/install.sh, once per session, and
+    uninstalled at the end if the session installed it (admin_support.system_install)."""
+    from admin_support import system_install as install
+
+    with install() as installation:
+        yield installation

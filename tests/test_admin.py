@@ -29,11 +29,16 @@ import psutil
 import pytest
 from admin_support import (
     DEV_LOG,
+    INSTALLED_UNIT,
+    INSTALLED_VENV,
+    PATH_LINK,
+    SYSTEMD_DIR,
     SYSTEMD_PATH,
     SyslogSocket,
     fstab_with,
+    installed_paths,
     machine_lock,
-    refmount_on_path,
+    run_install,
     write_hand_set,
 )
 from conftest import (
@@ -64,10 +69,17 @@ def hand(datasets):
 
 
 @pytest.fixture
-def path_link():
-    """``refmount`` on PATH for mount.fuse3 (created for the test if absent, removed after)."""
-    with refmount_on_path() as link:
-        yield link
+def installed(system_install):
+    """``refmount`` on the system PATH, as scripts/install.sh installs it."""
+    return system_install
+
+
+def assert_installed_daemon(m: Mount) -> None:
+    """The daemon behind ``m`` runs the installed refmount (not this checkout's venv)."""
+    m.refresh_procs()
+    assert m.procs, f"no daemon behind {m.path}"
+    for p in m.procs:
+        assert p.cmdline()[0] == str(INSTALLED_VENV / "bin" / "python"), p.cmdline()
 
 
 def mount_env() -> dict[str, str]:
@@ -128,7 +140,8 @@ def getfattr(path: Path) -> dict[str, str]:
 # --- mounting like any filesystem -------------------------------------------------------------------
 
 
-def test_mount_t_fuse_refmount_through_mount_fuse3(mount, hand, datasets, path_link):
+@pytest.mark.timeout(900)  # the first test to use the install waits for install.sh
+def test_mount_t_fuse_refmount_through_mount_fuse3(mount, hand, datasets, installed):
     src = hand.path
     m = mount.track(src)
     generic = ["ro", "allow_other", "nodev", "nosuid", "noatime", "_netdev", "nofail",
@@ -145,12 +158,13 @@ def test_mount_t_fuse_refmount_through_mount_fuse3(mount, hand, datasets, path_l
     assert (m / "hello.txt").read_bytes() == b"hello world\n"
     refs = hand.refs
     assert (m / "range/large").read_bytes() == datasets.expected_bytes(refs["range/large"])
-    assert m.procs, "no refmount daemon behind the mount"
+    assert_installed_daemon(m)
     assert START_RE.search(m.log.read_text()), m.log_text()
     umount_and_wait(m)
 
 
-def test_fstab_line_and_mount_mountpoint(mount, datasets, path_link):
+@pytest.mark.timeout(900)  # the first test to use the install waits for install.sh
+def test_fstab_line_and_mount_mountpoint(mount, datasets, installed):
     src = datasets.refs["nc4_local"]
     m = mount.track(src)
     line = f"{src} {m.path} fuse.refmount ro,_netdev,allow_other,noauto,{','.join(m.opts)} 0 0"
@@ -159,6 +173,7 @@ def test_fstab_line_and_mount_mountpoint(mount, datasets, path_link):
         r = run(["mount", str(m.path)], env=mount_env())
         m.refresh_procs()
         assert r.returncode == 0, f"mount {m.path} (fstab line {line!r}): {r.stderr}\n{m.log_text()}"
+        assert_installed_daemon(m)
         source, _mnt, fstype, options = mount_entry(m.path)
         assert (source, fstype) == (str(src), "fuse.refmount")
         assert {"ro", "allow_other"} <= set(options.split(","))
@@ -168,6 +183,61 @@ def test_fstab_line_and_mount_mountpoint(mount, datasets, path_link):
         # mount(8) also knows it by its fstab entry: umount by mountpoint
         umount_and_wait(m)
     assert Path("/etc/fstab").read_bytes() == original
+
+
+# --- the system install (scripts/install.sh) ---------------------------------------------------------
+
+
+@pytest.mark.timeout(900)  # the first test to use the install waits for install.sh
+def test_install_sh_installs_this_checkout(installed):
+    """install.sh: its own venv with a regular (not editable) install of this checkout, refmount on
+    systemd's PATH, the template unit and the example configuration."""
+    assert PATH_LINK.is_symlink() and os.readlink(PATH_LINK) == str(INSTALLED_VENV / "bin/refmount")
+    version = re.search(r'^version = "(.*)"$', (SYSTEMD_DIR.parent / "pyproject.toml").read_text(),
+                        re.M).group(1)
+    r = run(["refmount", "--version"], env={"PATH": SYSTEMD_PATH}, cwd="/")
+    assert r.returncode == 0 and r.stdout.strip() == f"refmount {version}", (r.stdout, r.stderr)
+    probe = ("import importlib.metadata as m, json, refmount; d = m.distribution('refmount'); "
+             "print(json.dumps([refmount.__file__, d.read_text('direct_url.json')]))")
+    r = run([str(INSTALLED_VENV / "bin/python"), "-c", probe], cwd="/")
+    assert r.returncode == 0, r.stderr
+    where, direct_url = json.loads(r.stdout)
+    package = Path(where).parent
+    assert package.is_relative_to(INSTALLED_VENV / "lib"), where
+    assert '"editable": true' not in (direct_url or ""), direct_url
+    checkout = SYSTEMD_DIR.parent / "refmount"
+    for src in checkout.rglob("*.py"):
+        dst = package / src.relative_to(checkout)
+        assert dst.read_bytes() == src.read_bytes(), f"{dst} is not this checkout's {src}"
+    assert INSTALLED_UNIT.read_bytes() == (SYSTEMD_DIR / "refmount@.service").read_bytes()
+    example = Path("/etc/refmount/refmount.conf.example")
+    assert example.read_bytes() == (SYSTEMD_DIR / "refmount.conf.example").read_bytes()
+
+
+@pytest.mark.timeout(900)  # the first test to use the install waits for install.sh
+def test_install_sh_again_changes_nothing(installed):
+    before = {p: os.lstat(p).st_mtime_ns for p in installed_paths()}
+    package_files = sorted((INSTALLED_VENV / "lib").glob("python3*/site-packages/refmount/*.py"))
+    stamps = [p.stat().st_mtime_ns for p in package_files]
+    with machine_lock():
+        r = run_install()
+    assert r.returncode == 0, r.stderr
+    assert "up to date" in r.stdout and "pip install" not in r.stdout, r.stdout
+    assert {p: os.lstat(p).st_mtime_ns for p in installed_paths()} == before
+    assert [p.stat().st_mtime_ns for p in package_files] == stamps
+
+
+@pytest.mark.timeout(900)  # the first test to use the install waits for install.sh
+def test_uninstall_refuses_while_the_installed_refmount_serves(installed, mount, hand):
+    m = mount.track(hand.path)
+    r = run([str(PATH_LINK), str(hand.path), str(m.path), "-o", ",".join(m.opts)], cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert_installed_daemon(m)
+    with machine_lock():
+        r = run_install("--uninstall")
+    assert r.returncode != 0 and str(m.path) in r.stderr and "running" in r.stderr, (r.stdout, r.stderr)
+    assert PATH_LINK.exists() and INSTALLED_VENV.is_dir() and INSTALLED_UNIT.exists()
+    umount_and_wait(m)
 
 
 # --- options visible from outside -----------------------------------------------------------------
