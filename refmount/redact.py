@@ -43,7 +43,13 @@ def redact_url(url: str) -> str:
     ``name=value`` pairs from a URL or any text quoting URLs, before it is shown."""
     text = _USERINFO.sub("***@", url)
     text = _SECRET_QUERY.sub(r"\1***", text)
-    return _SECRET_PAIR.sub(lambda m: m[1] + "***", text)
+    return _SECRET_PAIR.sub(_pair_redacted, text)
+
+
+def _pair_redacted(m: re.Match[str]) -> str:
+    """A quoted value stays quoted, so that redacted JSON is still JSON."""
+    quote = m[2][0] if m[2][0] in "\"'" else ""
+    return f"{m[1]}{quote}***{quote}"
 
 
 class RedactingFormatter(logging.Formatter):

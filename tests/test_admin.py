@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import math
 import os
 import re
 import signal
@@ -24,6 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import parquet_data as pdata
 import psutil
 import pytest
@@ -518,7 +520,12 @@ def test_inspect_json(datasets, hand, name):
     want = expected_inspect(refs, datasets)
     assert info["source"] == str(src) and info["format"] == "json"
     for k, v in want.items():
+        if k == "arrays":  # inspect shows more of each array (codecs, stored and decoded sizes)
+            v = {path: {**info[k].get(path, {}), **a} for path, a in v.items()}
         assert info[k] == v, (k, info[k], v)
+    for path, a in info["arrays"].items():  # decoded = the referenced chunks, each served whole
+        itemsize = np.dtype(a["dtype"]).itemsize
+        assert a["decoded_bytes"] == a["chunks_referenced"] * math.prod(a["chunks"]) * itemsize, path
     if name == "nc4_local":
         assert info["arrays"]["temp"]["filters"] == ["shuffle", "zlib"]
         assert info["arrays"]["sub/deeper/deep16"]["dtype"] == "<i2"
@@ -539,7 +546,8 @@ def test_inspect_table(datasets):
     assert fields["inline bytes"].startswith(f"{want['inline_bytes']:,} (")
     assert fields["arrays"] == str(len(want["arrays"]))
     header = next(ln for ln in out.splitlines() if ln.startswith("array "))
-    assert header.split() == ["array", "shape", "chunks", "dtype", "compressor"]
+    assert header.split() == ["array", "shape", "chunks", "dtype", "compressor", "codecs",
+                              "(decoding", "order)", "stored", "decoded"]
     for path, a in want["arrays"].items():
         row = next((ln for ln in out.splitlines() if ln.split(" ")[0] == (path or "/")), None)
         assert row is not None, f"no row for array {path!r}:\n{out}"
