@@ -323,7 +323,7 @@ def hand_made(d: Path, target: Path) -> list[Input]:
     add("over-max_inline-base64", big_string_doc(d / "over64.json", "b", base64.b64encode(
         b"\0" * (2 * MiB)), b"base64:"), "refuse", ("max_inline=1M", "'b'"), opts=("max_inline=1M",))
     add("string-refused-while-streaming", big_string_doc(d / "stream.json", "s", b"y" * (16 * MiB)),
-        "refuse", ("max_inline=1M", "byte"), opts=("max_inline=1M",))
+        "refuse", ("max_inline=1M", "byte", "key 's'"), opts=("max_inline=1M",))
     add("number-refused-while-streaming", write(d / "num.json", b'{"n": ' + b"7" * (16 * MiB) + b"}"),
         "refuse", ("max_inline=1M",), opts=("max_inline=1M",))
 
@@ -336,7 +336,7 @@ def hand_made(d: Path, target: Path) -> list[Input]:
     del deep
     n = 10**6
     add("arrays-nested-1e6", write(d / "arr.json", '{"k": ' + "[" * n + "]" * n + "}"), "refuse",
-        ("max_nesting=256",))
+        ("max_nesting=256", "key 'k'"))
     n = 10**5
     add("objects-nested-1e5", write(d / "obj.json", '{"k": ' + '{"a": ' * n + "1" + "}" * n + "}"),
         "refuse", ("max_nesting",))

@@ -156,6 +156,7 @@ class _Scanner:
         self.depth = 0
         self.offset = 0  # bytes scanned
         self.run_start = 0  # offset after the last chunk that had a token boundary
+        self.boundary_chunk = b""  # that chunk (a reference, not a copy): where keys are looked for
 
     def scan(self, data: bytes) -> bool:
         """Scan one chunk; True when it held a token boundary (the current token ended)."""
@@ -183,10 +184,11 @@ class _Scanner:
             depths = np.cumsum(steps) + self.depth
             deepest = int(depths.max())
             if deepest > self.limits.max_nesting:
-                at = self.offset + int(brackets[int(np.argmax(depths > self.limits.max_nesting))])
+                pos = int(brackets[int(np.argmax(depths > self.limits.max_nesting))])
+                key = _last_key(data, pos) or _last_key(self.boundary_chunk, len(self.boundary_chunk))
                 raise ReferenceSetError(
                     f"{self.name}: JSON nested deeper than {self.limits.max_nesting} levels at "
-                    f"byte {at:,} (limit max_nesting={self.limits.max_nesting})")
+                    f"byte {self.offset + pos:,}{_near(key)} (limit max_nesting={self.limits.max_nesting})")
             self.depth = int(depths[-1])
         self.in_string = bool((start_in_string + quotes.size) & 1)
         if not boundary and not start_in_string and (b"," in data or b":" in data):
@@ -196,13 +198,39 @@ class _Scanner:
         self.offset += n
         if boundary:
             self.run_start = self.offset
+            self.boundary_chunk = data
         elif self.offset - self.run_start > self.limits.max_token:
             what = "string" if self.in_string else "token"
+            key = _last_key(self.boundary_chunk, len(self.boundary_chunk))
             raise ReferenceSetError(
                 f"{self.name}: a JSON {what} longer than {self.limits.max_token:,} bytes from "
-                f"byte {self.run_start:,}: it cannot be an inline value within "
+                f"byte {self.run_start:,}{_near(key)}: it cannot be an inline value within "
                 f"max_inline={size_text(self.limits.max_inline)}")
         return boundary
+
+
+def _last_key(buf: bytes, end: int) -> str | None:
+    """The last object key (``"name":``) that ends before ``end`` in ``buf``, if one is there:
+    for naming where a streamed refusal happened. Best effort: the key of the value being read
+    when the refusal's chunk holds it, else the last key of the chunk that started it."""
+
+    def escaped(i: int) -> bool:  # a quote after an odd run of backslashes
+        return (i - len(buf[max(i - 256, 0) : i].rstrip(b"\\")) - max(i - 256, 0)) % 2 == 1
+
+    colon = buf.rfind(b'":', 0, end)
+    while colon >= 0 and escaped(colon):
+        colon = buf.rfind(b'":', 0, colon)
+    if colon < 0:
+        return None
+    start = colon
+    while (start := buf.rfind(b'"', 0, start)) >= 0 and colon - start <= 256:
+        if not escaped(start):
+            return buf[start + 1 : colon].decode("utf-8", "replace")
+    return None
+
+
+def _near(key: str | None) -> str:
+    return "" if key is None else f", in the value of key {key!r}"
 
 
 class JsonReader:
