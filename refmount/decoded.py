@@ -43,6 +43,7 @@ import numpy as np
 import trio
 
 from .cache import Block, MemoryLRU
+from .reader import Flight
 from .refs import Ref, RefKind
 
 log = logging.getLogger(__name__)
@@ -502,15 +503,6 @@ class DecodedKey:
     key: str
 
 
-class _Flight:
-    __slots__ = ("done", "error", "result")
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.result: Block | None = None
-        self.error: BaseException | None = None
-
-
 class ChunkDecoder:
     """Decoded chunks for the FUSE read path.
 
@@ -545,7 +537,7 @@ class ChunkDecoder:
         self.stats = stats  # a Stats: its decoded / decoded_ahead counters
         self.decoded = 0  # chunks decoded
         self.decoded_ahead = 0  # of those, decoded ahead of a reader
-        self._inflight: dict[str, _Flight] = {}
+        self._inflight: dict[str, Flight] = {}
         self._last: dict[str, int] = {}  # array path -> chunk number last read for the first time
         self._background: trio.Nursery | None = None
 
@@ -580,7 +572,7 @@ class ChunkDecoder:
                 return flight.result
             if flight.error is not None and not isinstance(flight.error, trio.Cancelled):
                 raise flight.error
-        flight = self._inflight[key] = _Flight()
+        flight = self._inflight[key] = Flight()
         try:
             stored = await self.read_stored(ref)
             await self.budget.acquire(array.nbytes)

@@ -33,7 +33,9 @@ from .stats import Stats
 log = logging.getLogger(__name__)
 
 
-class _Flight:
+class Flight:
+    """One load of a block that concurrent readers of the same bytes wait for (single-flight)."""
+
     __slots__ = ("done", "error", "result")
 
     def __init__(self) -> None:
@@ -79,7 +81,7 @@ class RefReader:
         self.block_size = block_size
         self.max_readahead = max_readahead
         self.stats = stats
-        self._inflight: dict[Hashable, _Flight] = {}
+        self._inflight: dict[Hashable, Flight] = {}
         self._failed: dict[Hashable, tuple[float, BaseException]] = {}
         self._sizes: dict[str, int] = {}
         self._disk_threads = trio.CapacityLimiter(8)
@@ -421,7 +423,7 @@ class RefReader:
             if failed[0] > trio.current_time():
                 raise failed[1]
             del self._failed[key]
-        flight = self._inflight[key] = _Flight()
+        flight = self._inflight[key] = Flight()
         try:
             data = await self._from_disk(key, upto)
             if data is not None:
