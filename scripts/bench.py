@@ -766,13 +766,13 @@ class Bench:
         """Fresh mount (fresh cache_dir, page cache dropped): cold pass; warm pass on the same
         mount; then (refmount) unmount, drop the page cache, remount with the same cache_dir:
         disk-cache warm pass. A disturbed cold or disk pass is redone from a fresh (re)mount.
-        ``extra_opts``: more refmount -o options for this session; ``refs``: another reference
+        ``extra_opts``: more refmount -o options for these passes; ``refs``: another reference
         set than the main one (refmount only)."""
         if all(self.row(r) is None for r in (cold, warm, disk) if r):
             return
         cache_dir = self.cache_root / tag if peer == "refmount" else None
         self.log(f"[{PEER_TITLES[peer]}] {tag}")
-        cur: list[Mount] = []  # the live mount of this session, if any
+        cur: list[Mount] = []  # the live mount of these passes, if any
 
         def drop_mount() -> None:
             while cur:
