@@ -535,6 +535,15 @@ def pytest_runtest_makereport(item, call):
             report.sections.append((f"refmount daemon log {m.path}", m.log_text(tail=80)))
 
 
+def read_or_errno(path) -> bytes | int:
+    """A file's bytes, or the errno its read failed with."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        return e.errno
+
+
 def walk(mnt) -> tuple[set[str], set[str]]:
     """(files, dirs) under a mount, as paths relative to it."""
     files, dirs = set(), set()

@@ -32,6 +32,7 @@ from conftest import (
     fusermount_u,
     is_mounted,
     opts_arg,
+    read_or_errno,
     run_cli,
     wait_gone,
 )
@@ -77,14 +78,6 @@ class HttpSet:
         self.refs = refs
         self.source = tmp_path / name
         self.source.write_text(json.dumps(refs))
-
-
-def read_or_errno(path) -> bytes | int:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        return e.errno
 
 
 def fresh_read(path) -> bytes:

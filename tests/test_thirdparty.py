@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import xarray as xr
-from conftest import walk
+from conftest import read_or_errno, walk
 from datasets import write_json
 from servers import free_port
 
@@ -31,14 +31,6 @@ pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
 ZARRAY = {"zarr_format": 2, "chunks": [1], "dtype": "|u1", "compressor": None, "filters": None,
           "fill_value": 0, "order": "C"}
-
-
-def read_or_errno(path) -> bytes | int:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        return e.errno
 
 
 def log_lines(m, needle: str) -> list[str]:
