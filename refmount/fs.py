@@ -111,6 +111,7 @@ class RefFS(pyfuse3.Operations):
         self._opened: dict[int, int] = {}  # inode -> open handles
         # inode -> st_size of a range found to run past the end of its target (see _clip)
         self._clipped: dict[int, int] = {}
+        self._settling: dict[int, trio.Event] = {}  # inode -> the kernel is being told its size
         self._background: trio.Nursery | None = None
         self._next_fh = 1
 
@@ -236,17 +237,12 @@ class RefFS(pyfuse3.Operations):
         ref = await self.tree.ref(node)
         array = self.tree.array(node) if isinstance(self.tree, DecodedTree) else None
         key = self.tree.path(node).decode("utf-8", "surrogateescape") if array is not None else ""
-        if array is None:  # a decoded chunk's size comes from its array, not its target
-            if ref.kind is RefKind.WHOLE:
-                await self.reader.size(ref)  # a target whose size cannot be found is not opened
-            self._clip(node, ref)  # its target's size may be known from other keys' reads
-        self._handles[fh] = _Handle(node, ref, array, key)
-        self.stats.opens += 1
-        self.stats.open_files += 1
+        if array is None and ref.kind is RefKind.WHOLE:
+            await self.reader.size(ref)  # a target whose size cannot be found is not opened
         others = self._opened.get(inode, 0)
-        self._opened[inode] = others + 1
         # Bytes read ahead already go to the page cache now: the read then needs no READ.
         # Only with no other handle open: none of its READs can hold a page (pagepush.py).
+        data = None
         if self.pusher is not None and not others and self.pusher.wanted(inode):
             if array is not None:  # decoded ahead (ChunkDecoder), up to the same size
                 data = self.decoder.ready(key) if self.decoder is not None else None
@@ -254,8 +250,18 @@ class RefFS(pyfuse3.Operations):
                     data = None
             else:
                 data = self.reader.ready_whole(ref)
-            if data is not None:
-                self.pusher.push(inode, data)
+                if data is not None and len(data) != ref.length:
+                    data = None
+        # A decoded chunk's size comes from its array; a range's is settled before any READ
+        # (bytes read ahead in full already settle it).
+        if array is None and ref.kind is RefKind.RANGE and data is None:
+            await self._settle(node, ref)
+        self._handles[fh] = _Handle(node, ref, array, key)
+        self.stats.opens += 1
+        self.stats.open_files += 1
+        self._opened[inode] = others + 1
+        if data is not None and self.pusher is not None:
+            self.pusher.push(inode, data)
         # The bytes never change: let the kernel keep its page cache across opens.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
@@ -285,27 +291,62 @@ class RefFS(pyfuse3.Operations):
             self.pusher.given(h.node.ino)
         return data
 
-    def _clip(self, node: Node, ref: Ref) -> None:
-        """A range found to run past the end of its target (its reads give the bytes that
-        exist): from now on its ``st_size`` is the length of those.
+    async def _settle(self, node: Node, ref: Ref) -> None:
+        """Whether a range runs past the end of its target, found out at open, before the
+        kernel sends a READ: its ``st_size`` is then the bytes that exist before any page of
+        it is cached.
 
-        The kernel learns it from the short READ itself: it shrinks its size of the file to
-        where the answer ended, and zero-fills the rest of the pages it asked for, which then
-        lie past its end — unless the file's attributes changed between the READ and the
-        reader taking its answer, so the kernel is not told now (an invalidation then would
-        make it keep the stated size over the zero-filled pages). ``INVALIDATE_DELAY`` later,
-        from a worker thread (it waits for pages that READs still hold), the file's cached
-        attributes and pages are dropped, so that a size the kernel got otherwise meanwhile
-        (an ``ls -l`` racing the first read) does not last."""
+        Found out by a READ instead, it would come too late. The kernel takes a short READ
+        as the end of the file and zero-fills the rest of the pages it asked for, but it
+        shrinks its size of the file only if the file's attributes did not change while the
+        READ was out. Concurrent READs of one file (a reader and the kernel's readahead, or
+        several readers) change them for each other, and a READ past the true end shrinks
+        the file to where it began, not to the end: readers were then served zero-filled
+        pages as data. Settling first, the kernel's cached size is dropped (attributes
+        only: no page of the file exists yet) and asked for again at the first read."""
+        settling = self._settling.get(node.ino)
+        if settling is not None:  # another open is telling the kernel: wait until it has
+            await settling.wait()
+        if node.ino in self._clipped:
+            return
+        try:
+            await self.reader.settle(ref)
+        except FetchError as e:  # the read reports it; a range found too long then is _clip's
+            log.debug("open of %s: %s", self.tree.path(node).decode(errors="replace"), e)
+            return
+        settling = self._settling.get(node.ino)
+        if settling is not None:
+            await settling.wait()
+        elif self._record_clip(node, ref):
+            self._settling[node.ino] = done = trio.Event()
+            try:
+                with contextlib.suppress(OSError):  # ENOENT: the kernel holds no attributes
+                    await trio.to_thread.run_sync(pyfuse3.invalidate_inode, node.ino, True)
+            finally:
+                done.set()
+                del self._settling[node.ino]
+
+    def _record_clip(self, node: Node, ref: Ref) -> bool:
+        """From now on, a range found to run past the end of its target has the ``st_size``
+        of the bytes that exist (its reads give those). True if newly found."""
         length = self.reader.clipped(ref)
         if length is None or node.ino in self._clipped:
-            return
+            return False
         if len(self._clipped) < 1 << 20:  # beyond that, short reads still end the file
             self._clipped[node.ino] = length
         log.warning("key %s: bytes %d-%d of %s run past its end: serving the %d bytes that exist",
                     self.tree.path(node).decode(errors="replace"), ref.offset,
                     ref.offset + ref.length, redact_url(ref.url or ""), length)
-        if self._background is not None:
+        return True
+
+    def _clip(self, node: Node, ref: Ref) -> None:
+        """A range found to run past the end of its target by a read, not at open (the
+        open's settling failed, or the target shrank). The kernel learns the size from the
+        short READ itself, except in the races ``_settle`` describes: ``INVALIDATE_DELAY``
+        later, from a worker thread (it waits for pages that READs still hold), the file's
+        cached attributes and pages are dropped, so that a size the kernel kept does not
+        last."""
+        if self._record_clip(node, ref) and self._background is not None:
             self._background.start_soon(self._invalidate, node.ino)
 
     INVALIDATE_DELAY = 1.0

@@ -220,6 +220,9 @@ def test_ranges_past_the_end_serve_the_bytes_that_exist(mount, tmp_path, srv, wh
     refs, want, values = long_ranges(top, base)
     m = mount(write_json(tmp_path / "refs.json", refs), "no_disk_cache", "retries=3")
     assert os.stat(m / "grib/0.0").st_size == GRIB_LENGTH
+    for key in ("grib/0.0", "raw/tail"):  # settled at open, before the kernel sends a READ
+        with open(m / key, "rb") as f:
+            assert os.fstat(f.fileno()).st_size == len(want[key]), key
     for key, data in want.items():
         assert read_or_errno(m / key) == data, key
         assert os.stat(m / key).st_size == len(data), key
