@@ -303,7 +303,9 @@ class RefFS(pyfuse3.Operations):
         several readers) change them for each other, and a READ past the true end shrinks
         the file to where it began, not to the end: readers were then served zero-filled
         pages as data. Settling first, the kernel's cached size is dropped (attributes
-        only: no page of the file exists yet) and asked for again at the first read."""
+        only: no page of the file exists yet) and asked for again at the first read. A
+        target that cannot be read (or sized) now is not opened: EIO, as for a whole
+        target whose size cannot be found."""
         settling = self._settling.get(node.ino)
         if settling is not None:  # another open is telling the kernel: wait until it has
             await settling.wait()
@@ -311,9 +313,10 @@ class RefFS(pyfuse3.Operations):
             return
         try:
             await self.reader.settle(ref)
-        except FetchError as e:  # the read reports it; a range found too long then is _clip's
-            log.debug("open of %s: %s", self.tree.path(node).decode(errors="replace"), e)
-            return
+        except FetchError as e:  # as for a whole target whose size cannot be found: not opened
+            self.stats.errors += 1
+            log.error("read failed: key=%s %s", self.tree.path(node).decode(errors="replace"), e)
+            raise pyfuse3.FUSEError(errno.EIO) from None
         settling = self._settling.get(node.ino)
         if settling is not None:
             await settling.wait()
@@ -341,7 +344,7 @@ class RefFS(pyfuse3.Operations):
 
     def _clip(self, node: Node, ref: Ref) -> None:
         """A range found to run past the end of its target by a read, not at open (the
-        open's settling failed, or the target shrank). The kernel learns the size from the
+        target shrank since, or another key's reads told its size after this one's open). The kernel learns the size from the
         short READ itself, except in the races ``_settle`` describes: ``INVALIDATE_DELAY``
         later, from a worker thread (it waits for pages that READs still hold), the file's
         cached attributes and pages are dropped, so that a size the kernel kept does not

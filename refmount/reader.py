@@ -132,16 +132,17 @@ class RefReader:
 
     async def settle(self, ref: Ref) -> int | None:
         """Whether a range runs past the end of its target, found out before its first
-        read: the bytes that exist, or None (``clipped``). The range's first piece is read
-        (its first read, early: the bytes stay in memory for the reads that follow), which
-        tells the target's size if it ends there. For a range larger than that piece (over
-        ``whole_fetch_limit``, read in blocks) the target's size is asked for then, once per
-        target."""
+        read: the bytes that exist, or None (``clipped``). A range up to
+        ``whole_fetch_limit`` is read (its first read, early: the bytes stay in memory for
+        the reads that follow), which tells the target's size if it ends inside the range.
+        For a larger one, read in blocks and often not from its start, the target's size is
+        asked for, once per target."""
         if ref.kind is not RefKind.RANGE or ref.url is None or ref.length <= 0:
             return None
         if ref.url not in self._sizes:
-            await self.read(ref, 0, 1)
-            if ref.url not in self._sizes and ref.length > self.whole_fetch_limit:
+            if ref.length <= self.whole_fetch_limit:
+                await self.read(ref, 0, 1)
+            else:
                 self._remember_size(ref.url, await self.fetcher.size(ref.url))
         return self.clipped(ref)
 
