@@ -144,9 +144,15 @@ class RefReader:
             return b""
         if ref.kind is RefKind.RANGE and total <= self.whole_fetch_limit:
             start = ref.offset
+            # A memory hit (most reads) is one dict lookup: a plain tuple of the fields is
+            # the same key as the BlockKey, which is made only when the block is not there.
+            cached = self.memory.get((url, start, total))
+            if cached is not None:
+                self.stats.memory_hits += 1
+                return memoryview(cached)[off:end]
             key = BlockKey(url, start, total)
             store = self.store
-            if self.memory.get(key) is None and not store.loading(key):
+            if not store.loading(key):
                 in_order = self.order.follows(url, start, start + total) if off == 0 else False
                 found = await self.readahead.lookup(url, start, start + total)
                 if found is not None:
@@ -189,13 +195,12 @@ class RefReader:
         if ref.kind is not RefKind.RANGE or ref.url is None or not 0 < ref.length <= self.PUSH_LIMIT:
             return None
         url, start, end = ref.url, ref.offset, ref.offset + ref.length
-        key = BlockKey(url, start, ref.length)
         self.order.follows(url, start, end)  # a first read, pushed or not: keep the order detector current
-        if self.memory.get(key) is not None:
+        if self.memory.get((url, start, ref.length)) is not None:  # the BlockKey's fields
             return None
         found = self.readahead.peek(url, start, end)
         if found is not None:
-            self._prefetch_hit(key, *found)
+            self._prefetch_hit(BlockKey(url, start, ref.length), *found)
             return found[0]
         if not self.grid_readahead.in_order(url, start // self.block_size):
             return None  # not in order through grid blocks
@@ -206,10 +211,12 @@ class RefReader:
         return self._grid_piece(url, blocks, start, end)
 
     # ---- blocks of large ranges and whole targets ---------------------------------------
-    def _block(self, url: str, base: int, total: int, b: int) -> tuple[BlockKey, Fetch]:
+    def _block(self, url: str, base: int, total: int, b: int) -> BlockKey:
         start = base + b * self.block_size
-        stop = base + min((b + 1) * self.block_size, total)
-        return BlockKey(url, start, stop - start), lambda: self._cat(url, start, stop)
+        return BlockKey(url, start, min(self.block_size, total - b * self.block_size))
+
+    def _fetch(self, key: BlockKey) -> Fetch:
+        return lambda: self._cat(key.url, key.start, key.start + key.length)
 
     async def _read_blocks(
         self, url: str, base: int, total: int, off: int, end: int, state: ReadState | None
@@ -222,16 +229,16 @@ class RefReader:
             ahead = self.handle_readahead.advance(state, off, end, total)
             if ahead and store.background is not None:
                 for b in ahead:
-                    key, fetch = self._block(url, base, total, b)
+                    key = self._block(url, base, total, b)
                     if not store.busy(key):
-                        store.prefetch(key, fetch)
+                        store.prefetch(key, self._fetch(key))
 
         errors: list[Exception] = []
 
         async def get(b: int) -> None:
-            key, fetch = self._block(url, base, total, b)
+            key = self._block(url, base, total, b)
             try:
-                parts[b] = await store.load(key, fetch)
+                parts[b] = await store.load(key, self._fetch(key))
             except Exception as e:  # reported below as itself, not as an ExceptionGroup
                 errors.append(e)
 
