@@ -201,7 +201,9 @@ class _Stretch(Flight[bytes]):
         self.blocks_from = blocks_from  # from here on the stretch is whole grid blocks
 
 
-class Fetcher(Protocol):
+class RangeFetcher(Protocol):
+    """What TargetReadahead needs of the fetcher (a fake one in tests)."""
+
     async def cat_range(self, url: str, start: int, end: int, *, upto: bool = False) -> bytes: ...
 
 
@@ -216,7 +218,7 @@ class TargetReadahead:
 
     def __init__(
         self,
-        fetcher: Fetcher,
+        fetcher: RangeFetcher,
         stats: Stats,
         *,
         capacity: int,

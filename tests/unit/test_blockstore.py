@@ -239,6 +239,22 @@ def test_concurrent_reads_of_one_small_range_make_one_fetch() -> None:
     assert r.stats.misses == 1
 
 
+def test_later_reads_of_a_small_range_are_served_from_memory() -> None:
+    f = FakeFetcher()
+    r = reader(f)
+    ref = Ref(RefKind.RANGE, URL, 777, 300 * KiB)
+
+    async def main() -> None:
+        for off in (0, 5, 4096, 299 * KiB, 300 * KiB - 1):
+            want = content(777 + off, 777 + min(off + 8192, 300 * KiB))
+            assert bytes(await r.read(ref, off, 8192)) == want
+        assert await r.read(ref, 300 * KiB, 10) == b""  # at the end
+
+    run(main)
+    assert f.requests == [(777, 777 + 300 * KiB)]
+    assert r.stats.misses == 1 and r.stats.memory_hits == 4
+
+
 def test_block_readahead_is_bounded_and_stops_on_a_seek() -> None:
     f = FakeFetcher(size=64 * MiB)
     r = reader(f, max_readahead=4 * MiB)
