@@ -14,44 +14,30 @@ import struct
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
 import xxhash
+
+from .lru import LRU
 
 log = logging.getLogger(__name__)
 
 Block = bytes | memoryview  # a cached piece: fetched bytes, or a view of a disk read
 
 
-class MemoryLRU:
-    """Least-recently-used map of key -> bytes, bounded by total byte size."""
+class MemoryLRU(LRU[Hashable, Block]):
+    """The memory cache: least-recently-used blocks, bounded by their total byte size
+    (``capacity``); a block larger than that is not kept."""
+
+    __slots__ = ("capacity",)
 
     def __init__(self, capacity: int) -> None:
+        super().__init__(max_weight=capacity, weigh=len)
         self.capacity = capacity
-        self.size = 0
-        self._items: OrderedDict[Hashable, Block] = OrderedDict()
 
-    def get(self, key: Hashable) -> Block | None:
-        data = self._items.get(key)
-        if data is not None:
-            self._items.move_to_end(key)
-        return data
-
-    def put(self, key: Hashable, data: Block) -> None:
-        if len(data) > self.capacity:
-            return
-        old = self._items.pop(key, None)
-        if old is not None:
-            self.size -= len(old)
-        self._items[key] = data
-        self.size += len(data)
-        while self.size > self.capacity:
-            _, evicted = self._items.popitem(last=False)
-            self.size -= len(evicted)
-
-    def __len__(self) -> int:
-        return len(self._items)
+    @property
+    def size(self) -> int:
+        return self.weight
 
 
 def _libc_allocator() -> tuple[Callable[[int], int], Callable[[int], None]] | None:

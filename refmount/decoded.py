@@ -43,8 +43,9 @@ import numpy as np
 import trio
 
 from .cache import Block, MemoryLRU
-from .reader import Flight
+from .lru import LRU
 from .refs import Ref, RefKind
+from .singleflight import SingleFlight
 
 log = logging.getLogger(__name__)
 
@@ -537,8 +538,8 @@ class ChunkDecoder:
         self.stats = stats  # a Stats: its decoded / decoded_ahead counters
         self.decoded = 0  # chunks decoded
         self.decoded_ahead = 0  # of those, decoded ahead of a reader
-        self._inflight: dict[str, Flight] = {}
-        self._last: dict[str, int] = {}  # array path -> chunk number last read for the first time
+        self._flights: SingleFlight[str, Block] = SingleFlight()
+        self._last: LRU[str, int] = LRU(10_000)  # array path -> chunk number last read for the first time
         self._background: trio.Nursery | None = None
 
     def attach(self, nursery: trio.Nursery) -> None:
@@ -560,19 +561,12 @@ class ChunkDecoder:
         """The decoded bytes of chunk ``key`` (memory, else a decode shared by all asking;
         ``ahead``: for no reader yet)."""
         mkey = DecodedKey(key)
-        while True:
-            data = self.memory.get(mkey)
-            if data is not None:
-                return data
-            flight = self._inflight.get(key)
-            if flight is None:
-                break
-            await flight.done.wait()
-            if flight.error is None and flight.result is not None:
-                return flight.result
-            if flight.error is not None and not isinstance(flight.error, trio.Cancelled):
-                raise flight.error
-        flight = self._inflight[key] = Flight()
+        data = self.memory.get(mkey)
+        if data is not None:
+            return data
+        return await self._flights.run(key, lambda: self._decode(key, array, ref, ahead))
+
+    async def _decode(self, key: str, array: DecodedArray, ref: Ref, ahead: bool) -> Block:
         try:
             stored = await self.read_stored(ref)
             await self.budget.acquire(array.nbytes)
@@ -582,26 +576,18 @@ class ChunkDecoder:
                 )
             finally:
                 await self.budget.release(array.nbytes)
-            self.decoded += 1
-            self.decoded_ahead += ahead
-            if self.stats is not None:
-                self.stats.decoded += 1
-                self.stats.decoded_ahead += ahead
-            self.memory.put(mkey, data)
-            flight.result = data
-            return data
         except DecodeError as e:
             if self.on_error is not None:
                 self.on_error()
             log.error("decode failed: key=%s codecs=%s: %s", key, "+".join(array.codecs) or "none", e)
-            flight.error = e
             raise
-        except BaseException as e:
-            flight.error = e
-            raise
-        finally:
-            del self._inflight[key]
-            flight.done.set()
+        self.decoded += 1
+        self.decoded_ahead += ahead
+        if self.stats is not None:
+            self.stats.decoded += 1
+            self.stats.decoded_ahead += ahead
+        self.memory.put(DecodedKey(key), data)
+        return data
 
     # ---- decoding ahead ---------------------------------------------------------------------
     def _maybe_ahead(self, key: str, array: DecodedArray) -> None:
@@ -615,11 +601,9 @@ class ChunkDecoder:
             return
         number, grid = coords
         last = self._last.get(array.path)
-        if len(self._last) > 10_000:
-            self._last.clear()
         in_order = last is not None and -2 * self.ahead <= number - last <= 2 * self.ahead
         front = max(number, last) if in_order and last is not None else number
-        self._last[array.path] = front
+        self._last.put(array.path, front)
         if not in_order or number == last:
             return
         base = key[: len(key) - len(_chunk_rel(key, array))]
@@ -627,7 +611,7 @@ class ChunkDecoder:
             if n >= math.prod(grid):
                 break
             nxt = base + _chunk_name(n, grid, array)
-            if nxt in self._inflight or self.memory.get(DecodedKey(nxt)) is not None:
+            if nxt in self._flights or self.memory.get(DecodedKey(nxt)) is not None:
                 continue
             self._background.start_soon(self._ahead, nxt, array)
 

@@ -36,6 +36,7 @@ from fsspec.spec import AbstractFileSystem
 from . import localfile
 from .policy import TargetPolicy
 from .redact import redact_url
+from .singleflight import Flight
 from .stats import Stats
 
 log = logging.getLogger(__name__)
@@ -193,17 +194,15 @@ async def await_future(fut: concurrent.futures.Future) -> Any:
     return fut.result()
 
 
-class _Wanted:
-    """One range waiting for a (possibly merged) request."""
+class _Wanted(Flight[bytes]):
+    """One range waiting for a (possibly merged) request: a flight its reader waits for."""
 
-    __slots__ = ("data", "done", "end", "error", "start")
+    __slots__ = ("end", "start")
 
     def __init__(self, start: int, end: int) -> None:
+        super().__init__()
         self.start = start
         self.end = end
-        self.done = trio.Event()
-        self.data: bytes | None = None
-        self.error: BaseException | None = None
 
 
 def merge_ranges(wanted: list[_Wanted], gap: int, limit: int) -> list[list[_Wanted]]:
@@ -378,11 +377,9 @@ class Fetcher:
             queue = self._queued[url] = []
             self._nursery.start_soon(self._dispatch, url)
         queue.append(wanted)
-        await wanted.done.wait()  # if we are cancelled the request goes on for the others
-        if wanted.error is not None:
-            raise wanted.error
-        assert wanted.data is not None
-        return wanted.data
+        data = await wanted.wait()  # if we are cancelled the request goes on for the others
+        assert data is not None
+        return data
 
     async def _dispatch(self, url: str) -> None:
         await trio.lowlevel.checkpoint()  # let the other requests of this round queue up
@@ -417,13 +414,13 @@ class Fetcher:
                 if len(group) > 1:
                     self.stats.merged += len(group)
                 for w in group:
-                    w.data = data[w.start - lo : w.end - lo] if len(group) > 1 else data
+                    w.result = data[w.start - lo : w.end - lo] if len(group) > 1 else data
         except Exception as e:  # each waiter raises it; the nursery must not see it
             for w in group:
                 w.error = e
         finally:
             for w in group:
-                if w.data is None and w.error is None:  # cancelled: unmounting
+                if w.result is None and w.error is None:  # cancelled: unmounting
                     w.error = FetchError(url, "request cancelled")
                 w.done.set()
             if (busy := self._busy[url] - 1) > 0:
@@ -436,7 +433,7 @@ class Fetcher:
 
     async def _fetch_alone(self, url: str, w: _Wanted) -> None:
         try:
-            w.data = await self._cat_range(url, w.start, w.end)
+            w.result = await self._cat_range(url, w.start, w.end)
         except Exception as e:
             w.error = e
 

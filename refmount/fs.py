@@ -344,11 +344,11 @@ class RefFS(pyfuse3.Operations):
 
     def _clip(self, node: Node, ref: Ref) -> None:
         """A range found to run past the end of its target by a read, not at open (the
-        target shrank since, or another key's reads told its size after this one's open). The kernel learns the size from the
-        short READ itself, except in the races ``_settle`` describes: ``INVALIDATE_DELAY``
-        later, from a worker thread (it waits for pages that READs still hold), the file's
-        cached attributes and pages are dropped, so that a size the kernel kept does not
-        last."""
+        target shrank since, or another key's reads told its size after this one's open).
+        The kernel learns the size from the short READ itself, except in the races
+        ``_settle`` describes: ``INVALIDATE_DELAY`` later, from a worker thread (it waits for
+        pages that READs still hold), the file's cached attributes and pages are dropped, so
+        that a size the kernel kept does not last."""
         if self._record_clip(node, ref) and self._background is not None:
             self._background.start_soon(self._invalidate, node.ino)
 

@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import posixpath
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +25,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import trio
 
+from ..lru import LRU
+from ..singleflight import SingleFlight
 from .index import IndexBuilder, KeyIndex
 from .limits import DEFAULT_LIMITS, Limits, size_text
 from .model import Ref, ReferenceSetError, RefKind
@@ -267,11 +268,14 @@ class RecordCache:
         self.max_inline = max_inline
         self.target_options = target_options
         self.capacity = capacity
-        self._lru: OrderedDict[tuple[int, int], Record] = OrderedDict()
-        self._loading: dict[tuple[int, int], trio.Event] = {}
+        self.max_bytes = RECORD_CACHE_BYTES
+        # At most `capacity` records and RECORD_CACHE_BYTES (large 'raw' cells), the newest
+        # always kept.
+        self._lru: LRU[tuple[int, int], Record] = LRU(
+            capacity, max_weight=self.max_bytes, weigh=lambda r: r.nbytes, keep_newest=True)
+        self._loading: SingleFlight[tuple[int, int], Record] = SingleFlight()
         self._limiter = trio.CapacityLimiter(4)
         self.loads = 0
-        self.max_bytes = RECORD_CACHE_BYTES
 
     def url(self, array: ArraySpec, record: int) -> str:
         return f"{self.pset.root}/{array.path}/refs.{record}.parq"
@@ -289,30 +293,14 @@ class RecordCache:
 
     async def get(self, array_id: int, record: int) -> Record:
         key = (array_id, record)
-        while True:
-            rec = self._lru.get(key)
-            if rec is not None:
-                self._lru.move_to_end(key)
-                return rec
-            loading = self._loading.get(key)
-            if loading is None:
-                break
-            await loading.wait()
-            if key not in self._lru:  # the load failed; raise our own error below
-                break
-        event = self._loading[key] = trio.Event()
-        try:
-            array = self.pset.arrays[array_id]
-            rec = await trio.to_thread.run_sync(self._load, array, record, limiter=self._limiter)
-            self.loads += 1
-            self._lru[key] = rec
-            # At most `capacity` records and RECORD_CACHE_BYTES (large 'raw' cells), the
-            # newest always kept.
-            while len(self._lru) > self.capacity or (
-                len(self._lru) > 1 and sum(r.nbytes for r in self._lru.values()) > self.max_bytes
-            ):
-                self._lru.popitem(last=False)
+        rec = self._lru.get(key)
+        if rec is not None:
             return rec
-        finally:
-            del self._loading[key]
-            event.set()
+        return await self._loading.run(key, lambda: self._get(key))
+
+    async def _get(self, key: tuple[int, int]) -> Record:
+        array = self.pset.arrays[key[0]]
+        rec = await trio.to_thread.run_sync(self._load, array, key[1], limiter=self._limiter)
+        self.loads += 1
+        self._lru.put(key, rec)
+        return rec

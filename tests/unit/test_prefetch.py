@@ -1,4 +1,4 @@
-"""TargetReadahead without FUSE: a fake target with a fixed latency, trio's MockClock."""
+"""TargetReadahead (refmount.readahead) without FUSE: a fake target with a fixed latency, trio's MockClock."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import trio
 import trio.testing
 
-from refmount.prefetch import TargetReadahead
+from refmount.readahead import TargetReadahead
 from refmount.stats import Stats
 
 MiB = 2**20

@@ -1,15 +1,29 @@
-"""Readahead across references: a reader going through a target front to back.
+"""Readahead: what to load before a reader asks for it, and when to stop.
 
-Zarr readers read chunks in order, and kerchunk sets usually lay chunks out in that order
-inside their target (an HDF5/netCDF file, a GRIB message after another). Each chunk is a key
-of its own, so the kernel's readahead — per file — never sees the pattern, and each chunk
-would cost a round trip. ``TargetReadahead`` watches the ranges of each target fetched on
-demand; once consecutive ones follow each other (each within ``SLACK`` after the furthest
-one read so far, or a few ranges behind it when readers fetch several at once), it fetches
-the stretch of the target that follows, in requests of up to ``REQUEST_LIMIT``, with a
-window that doubles while the reader keeps up (up to ``max_window``). Later ranges inside
-a prefetched stretch are served from it — or wait for it while it is in flight — instead
-of being requested one by one.
+One order detector (``OrderDetector``, with the rule ``continues``) decides whether reads go
+through a target in order; three policies decide what to load next, and ask the block store
+(the ``Loader`` interface: is a block there or coming, may it be on disk, load it in the
+background) or the fetcher for it:
+
+* ``HandleReadahead`` — per open file of a large range or a whole target, read in blocks:
+  a window that doubles while the reader streams sequentially (up to ``max_readahead``)
+  and stops at the first seek.
+* ``TargetReadahead`` — across keys: a reader going through a target front to back (below).
+* ``GridReadahead`` — keys served from grid blocks on disk: while they follow on, the next
+  grid blocks are loaded from disk (never fetched), up to the end of what the disk has.
+
+All per-target state is in bounded maps (``LRU``), and prefetched bytes within a capacity.
+
+Readahead across references. Zarr readers read chunks in order, and kerchunk sets usually
+lay chunks out in that order inside their target (an HDF5/netCDF file, a GRIB message after
+another). Each chunk is a key of its own, so the kernel's readahead — per file — never sees
+the pattern, and each chunk would cost a round trip. ``TargetReadahead`` watches the ranges
+of each target fetched on demand; once consecutive ones follow each other (each within
+``SLACK`` after the furthest one read so far, or a few ranges behind it when readers fetch
+several at once), it fetches the stretch of the target that follows, in requests of up to
+``REQUEST_LIMIT``, with a window that doubles while the reader keeps up (up to
+``max_window``). Later ranges inside a prefetched stretch are served from it — or wait for
+it while it is in flight — instead of being requested one by one.
 
 Stretches after the first start and end on the target's ``grid`` (the block size), and
 each whole grid block of a stretch is handed to ``on_block`` (the reader writes it to the
@@ -26,15 +40,141 @@ from __future__ import annotations
 import bisect
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import trio
 
+from .blockstore import BlockKey
 from .cache import round_up
-from .fetch import Fetcher
+from .lru import LRU
+from .singleflight import Flight
 from .stats import Stats
 
 log = logging.getLogger(__name__)
+
+
+SLACK = 2**20  # a read starting within this of where the last one ended continues it
+
+
+def continues(start: int, end: int, *, front: int, behind: int, slack: int = SLACK) -> bool:
+    """The one rule for "in order": a read starting at ``start`` continues a stream whose
+    furthest read ended at ``end`` when it starts at most ``slack`` past ``front`` (``end``,
+    or further where readahead has run ahead) and at most ``behind`` before ``end``."""
+    return end - behind <= start <= front + slack
+
+
+class OrderDetector:
+    """Per target: where the last read of a key for the first time ended, and whether the
+    next one starts near there (``continues`` within ``SLACK`` either way). Bounded: the
+    least recently read targets are forgotten beyond ``max_targets``."""
+
+    __slots__ = ("_ends", "slack")
+
+    def __init__(self, max_targets: int = 10_000, slack: int = SLACK) -> None:
+        self._ends: LRU[str, int] = LRU(max_targets)
+        self.slack = slack
+
+    def follows(self, url: str, start: int, end: int) -> bool:
+        """Whether [start, end) follows the last read of ``url``; notes where it ends."""
+        last = self._ends.get(url)
+        self._ends.put(url, end)
+        return last is not None and continues(start, last, front=last, behind=self.slack, slack=self.slack)
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+
+class Loader(Protocol):
+    """What a readahead policy may ask of the block store."""
+
+    def busy(self, key: BlockKey) -> bool:
+        """In memory, or being loaded."""
+        ...
+
+    def may_be_on_disk(self, key: BlockKey) -> bool: ...
+
+    def prefetch(self, key: BlockKey, fetch: Callable[[], Awaitable[bytes]] | None = None, *,
+                 upto: bool = False) -> None:
+        """Load in the background (without ``fetch``: from disk only)."""
+        ...
+
+
+class ReadState:
+    """Per open file: where the last read ended and how far ahead to prefetch."""
+
+    __slots__ = ("last_end", "window")
+
+    def __init__(self) -> None:
+        self.last_end = -1
+        self.window = 0
+
+
+class HandleReadahead:
+    """Per open file read in blocks: the window grows (doubling from two blocks, up to
+    ``max_readahead``) while reads follow each other exactly, and is dropped at a seek (a
+    read elsewhere than where the last ended, other than a read from the start)."""
+
+    __slots__ = ("block_size", "max_readahead")
+
+    def __init__(self, block_size: int, max_readahead: int) -> None:
+        self.block_size = block_size
+        self.max_readahead = max_readahead
+
+    def advance(self, state: ReadState, off: int, end: int, total: int) -> range:
+        """A read of [off, end) of a file of ``total`` bytes: the blocks to load ahead."""
+        bs = self.block_size
+        if off == state.last_end:
+            state.window = min(max(state.window * 2, 2 * bs), self.max_readahead)
+        elif off != 0:
+            state.window = 0  # a seek: stop prefetching until the reader streams again
+        state.last_end = end
+        if not state.window:
+            return range(0)
+        last = min((end + state.window - 1) // bs, (total - 1) // bs)
+        return range((end - 1) // bs + 1, last + 1)
+
+
+class GridReadahead:
+    """Keys served from grid blocks: while they go on in order (the same block or the
+    next), the following blocks on disk are loaded ahead (up to ``max_readahead``), until
+    the first that the disk certainly lacks. A jump stops it until keys follow on again."""
+
+    def __init__(self, block_size: int, max_readahead: int, max_targets: int = 10_000) -> None:
+        self.block_size = block_size
+        self.max_readahead = max_readahead
+        self._runs: LRU[str, list[int]] = LRU(max_targets)  # [last block served, loaded up to]
+
+    def in_order(self, url: str, k: int) -> bool:
+        """Whether block ``k`` is where keys of ``url`` are being served from (or the next)."""
+        run = self._runs.peek(url)
+        return run is not None and run[0] <= k <= run[0] + 1
+
+    def served(self, url: str, k: int, loader: Loader | None) -> None:
+        """A key was served from grid block ``k``: load the next blocks from disk."""
+        run = self._runs.get(url)
+        if run is None:
+            self._runs.put(url, [k, k])
+            return
+        last, ahead = run
+        run[0] = k
+        if not (last <= k <= last + 1) or loader is None:
+            run[1] = k  # a jump: no readahead until keys follow on again
+            return
+        bs = self.block_size
+        stop = k + max(1, self.max_readahead // bs)
+        for j in range(max(ahead, k) + 1, stop + 1):
+            gkey = BlockKey(url, j * bs, bs)
+            if loader.busy(gkey):
+                continue
+            if not loader.may_be_on_disk(gkey):
+                stop = j  # the cached part ends here
+                break
+            loader.prefetch(gkey, None, upto=True)
+        run[1] = max(ahead, stop)
+
+    def __len__(self) -> int:
+        return len(self._runs)
 
 
 class _Run:
@@ -48,19 +188,27 @@ class _Run:
         self.stopped = False
 
 
-class _Stretch:
-    __slots__ = ("blocks_from", "data", "done", "end", "start")
+class _Stretch(Flight[bytes]):
+    """A prefetched stretch of a target: a flight readers inside it wait for (its result
+    is None while in flight, or after a failure)."""
+
+    __slots__ = ("blocks_from", "end", "start")
 
     def __init__(self, start: int, end: int, blocks_from: int) -> None:
+        super().__init__()
         self.start = start
         self.end = end
         self.blocks_from = blocks_from  # from here on the stretch is whole grid blocks
-        self.data: bytes | None = None  # None while in flight, or after a failure
-        self.done = trio.Event()
+
+
+class RangeFetcher(Protocol):
+    """What TargetReadahead needs of the fetcher (a fake one in tests)."""
+
+    async def cat_range(self, url: str, start: int, end: int, *, upto: bool = False) -> bytes: ...
 
 
 class TargetReadahead:
-    SLACK = 2**20  # a range within this of the last one's end continues the run
+    SLACK = SLACK  # a range within this of the last one's end continues the run
     MIN_STREAK = 2  # ranges in a row before prefetching starts
     BEHIND = 4 * 2**20  # this far behind the furthest range is "out of order", not a jump
     CONCURRENT = 16  # ... or this many ranges behind it, up to the window: readers fetching at once
@@ -70,7 +218,7 @@ class TargetReadahead:
 
     def __init__(
         self,
-        fetcher: Fetcher,
+        fetcher: RangeFetcher,
         stats: Stats,
         *,
         capacity: int,
@@ -84,7 +232,7 @@ class TargetReadahead:
         self.max_window = max_window
         self.grid = grid
         self.on_block = on_block
-        self._runs: dict[str, _Run] = {}
+        self._runs: LRU[str, _Run] = LRU(self.MAX_RUNS)
         self._stretches: dict[str, list[_Stretch]] = {}  # per target, sorted by start
         self._fifo: deque[tuple[str, _Stretch]] = deque()
         self._size = 0
@@ -97,7 +245,7 @@ class TargetReadahead:
         if cover is None:
             return None
         for stretch in cover:
-            if stretch.data is None:
+            if stretch.result is None:
                 await stretch.done.wait()
         return self._join(cover, start, end)
 
@@ -127,9 +275,9 @@ class TargetReadahead:
     def _join(cover: list[_Stretch], start: int, end: int) -> tuple[memoryview | bytes, bool] | None:
         pieces = []
         for stretch in cover:
-            if stretch.data is None:
+            if stretch.result is None:
                 return None  # in flight, or it failed: fetch on our own
-            pieces.append(memoryview(stretch.data)[max(start, stretch.start) - stretch.start :
+            pieces.append(memoryview(stretch.result)[max(start, stretch.start) - stretch.start :
                                                    min(end, stretch.end) - stretch.start])
         if sum(len(p) for p in pieces) < end - start:
             return None  # the target ended early
@@ -142,9 +290,7 @@ class TargetReadahead:
         run = self._runs.get(url)
         if run is None or not self._in_run(run, start, end - start):
             if miss:  # a new run starts only where reads go to the network
-                if len(self._runs) >= self.MAX_RUNS:
-                    self._runs.clear()
-                self._runs[url] = _Run(end)
+                self._runs.put(url, _Run(end))
             return
         if end <= run.end:
             # Behind the furthest range: concurrent readers (zarr fetches several chunks at
@@ -160,9 +306,8 @@ class TargetReadahead:
         ``SLACK`` past what was read or prefetched so far -- concurrent readers run ahead of
         each other inside the prefetched stretch -- and not further behind the furthest
         range than several ranges' worth (as many as readers fetch at once)."""
-        front = max(run.end, run.ahead)
         behind = max(self.SLACK, min(self.CONCURRENT * span, max(self.BEHIND, run.window)))
-        return run.end - behind <= start <= front + self.SLACK
+        return continues(start, run.end, front=max(run.end, run.ahead), behind=behind, slack=self.SLACK)
 
     def _extend(self, url: str, run: _Run, nursery: trio.Nursery, span: int) -> None:
         ahead = max(run.ahead, run.end)
@@ -196,7 +341,7 @@ class TargetReadahead:
                 if stretch in self._stretches.get(url, ()):
                     self._size -= stretch.end - stretch.start - len(data)
                 stretch.end = stretch.start + len(data)
-            stretch.data = data
+            stretch.result = data
             self.stats.prefetched += len(data)
             if self.on_block is not None:
                 view = memoryview(data)

@@ -1,0 +1,169 @@
+"""The order detector and the readahead policies of refmount.readahead, without FUSE (a fake
+block store, a fake target, trio's MockClock). TargetReadahead's streaming behaviour under
+concurrent readers is in test_prefetch.py."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from refmount.blockstore import BlockKey
+from refmount.readahead import (
+    SLACK,
+    GridReadahead,
+    HandleReadahead,
+    OrderDetector,
+    ReadState,
+    TargetReadahead,
+    continues,
+)
+from refmount.stats import Stats
+
+MiB = 2**20
+URL = "http://example.invalid/data.bin"
+
+
+def test_continues_within_slack_after_and_behind() -> None:
+    assert continues(100, 100, front=100, behind=SLACK)
+    assert continues(100 + SLACK, 100, front=100, behind=SLACK)
+    assert not continues(101 + SLACK, 100, front=100, behind=SLACK)
+    assert continues(100 + 5 * SLACK, 100, front=100 + 4 * SLACK, behind=0)  # readahead ran ahead
+    assert not continues(99, 100, front=100, behind=0)
+    assert continues(0, 4 * MiB, front=4 * MiB, behind=4 * MiB)
+
+
+def test_order_detector_follows_reads_near_the_last_end() -> None:
+    order = OrderDetector()
+    assert not order.follows(URL, 0, 1000)  # the first read of a target
+    assert order.follows(URL, 1000, 2000)
+    assert order.follows(URL, 2000 + SLACK, 3 * SLACK)  # a gap within the slack
+    assert not order.follows(URL, 100 * SLACK, 101 * SLACK)  # a seek
+    assert order.follows(URL, 101 * SLACK - 10, 102 * SLACK)  # ... then in order again
+    assert not order.follows("other", 102 * SLACK, 103 * SLACK)  # per target
+
+
+def test_order_detector_is_bounded() -> None:
+    order = OrderDetector(max_targets=100)
+    for i in range(1000):
+        order.follows(f"u{i}", 0, 10)
+    assert len(order) == 100
+    assert order.follows("u999", 10, 20)  # the most recent targets are remembered
+
+
+def test_handle_readahead_doubles_while_streaming_and_stops_on_a_seek() -> None:
+    ra = HandleReadahead(block_size=MiB, max_readahead=8 * MiB)
+    state = ReadState()
+    windows = []
+    for off in range(0, 10 * MiB, MiB):
+        ahead = ra.advance(state, off, off + MiB, 100 * MiB)
+        windows.append(state.window)
+        assert len(ahead) * MiB <= 8 * MiB  # never beyond max_readahead
+        if state.window:
+            assert ahead.start == (off + MiB) // MiB  # from the block after the read
+    assert windows == [0, 2 * MiB, 4 * MiB, 8 * MiB] + [8 * MiB] * 6  # none on the first read
+    assert not ra.advance(state, 50 * MiB, 51 * MiB, 100 * MiB)  # a seek
+    assert state.window == 0
+    assert len(ra.advance(state, 51 * MiB, 52 * MiB, 100 * MiB)) == 2  # streaming again
+
+
+def test_handle_readahead_stops_at_the_end_of_the_file() -> None:
+    ra = HandleReadahead(block_size=MiB, max_readahead=64 * MiB)
+    state = ReadState()
+    for off in range(0, 5 * MiB, MiB):
+        ahead = ra.advance(state, off, off + MiB, 6 * MiB)
+        assert all(b < 6 for b in ahead)
+
+
+class FakeLoader:
+    def __init__(self, on_disk: set[int]) -> None:
+        self.on_disk = on_disk
+        self.started: list[int] = []
+
+    def busy(self, key: BlockKey) -> bool:
+        return key.start // MiB in self.started
+
+    def may_be_on_disk(self, key: BlockKey) -> bool:
+        return key.start // MiB in self.on_disk
+
+    def prefetch(self, key: BlockKey, fetch: object = None, *, upto: bool = False) -> None:
+        assert fetch is None and upto  # grid blocks only from disk
+        self.started.append(key.start // MiB)
+
+
+def test_grid_readahead_loads_the_next_blocks_on_disk_while_keys_follow() -> None:
+    ra = GridReadahead(block_size=MiB, max_readahead=4 * MiB)
+    loader = FakeLoader(on_disk=set(range(100)))
+    ra.served(URL, 0, loader)  # the first: nothing yet
+    assert loader.started == []
+    ra.served(URL, 0, loader)
+    assert loader.started == [1, 2, 3, 4]  # within max_readahead
+    ra.served(URL, 1, loader)
+    assert loader.started == [1, 2, 3, 4, 5]
+    assert ra.in_order(URL, 2) and not ra.in_order(URL, 7)
+
+
+def test_grid_readahead_stops_on_a_jump_and_where_the_disk_ends() -> None:
+    ra = GridReadahead(block_size=MiB, max_readahead=8 * MiB)
+    loader = FakeLoader(on_disk={0, 1, 2, 3, 50, 51, 52})
+    ra.served(URL, 0, loader)
+    ra.served(URL, 0, loader)
+    assert loader.started == [1, 2, 3]  # not past the first block the disk lacks
+    ra.served(URL, 50, loader)  # a jump
+    assert loader.started == [1, 2, 3]
+    ra.served(URL, 50, loader)
+    assert loader.started == [1, 2, 3, 51, 52]
+
+
+def test_grid_readahead_is_bounded_in_targets() -> None:
+    ra = GridReadahead(block_size=MiB, max_readahead=MiB, max_targets=50)
+    for i in range(500):
+        ra.served(f"u{i}", 0, None)
+    assert len(ra) == 50
+
+
+class Target:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.requests: list[tuple[int, int]] = []
+
+    async def cat_range(self, url: str, start: int, end: int, *, upto: bool = False) -> bytes:
+        self.requests.append((start, end))
+        await trio.sleep(0.02)
+        return bytes(max(0, min(end, self.size) - start))
+
+
+def test_target_readahead_stops_on_a_seek_and_stays_within_capacity() -> None:
+    target = Target(1024 * MiB)
+    ra = TargetReadahead(target, Stats(), capacity=16 * MiB, max_window=8 * MiB, grid=MiB)
+    chunk = 256 * 1024
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            for i in range(8):  # in order: readahead starts
+                if await ra.lookup(URL, i * chunk, (i + 1) * chunk) is None:
+                    ra.note(URL, i * chunk, (i + 1) * chunk, n, miss=True)
+                else:
+                    ra.note(URL, i * chunk, (i + 1) * chunk, n, miss=False)
+                await trio.sleep(0.05)
+            assert target.requests
+            assert ra._size <= ra.capacity
+            before = len(target.requests)
+            for i in range(0, 4000, 500):  # random jumps: no readahead
+                ra.note(URL, i * chunk, (i + 1) * chunk, n, miss=True)
+                await trio.sleep(0.05)
+            assert len(target.requests) == before
+            n.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_target_readahead_forgets_old_targets() -> None:
+    ra = TargetReadahead(Target(MiB), Stats(), capacity=MiB, max_window=MiB, grid=MiB)
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            for i in range(ra.MAX_RUNS + 100):
+                ra.note(f"u{i}", 0, 10, n, miss=True)
+            assert len(ra._runs) == ra.MAX_RUNS
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
