@@ -21,8 +21,9 @@ import tempfile
 import time
 
 from . import __version__
-from .config import ConfigError, MountConfig, apply_options, options_help, split_options
-from .mountpoint import MountError, check_mountpoint, recover_stale_mount
+from .config import MountConfig, apply_options, options_help, split_options
+from .errors import ConfigError, MountError
+from .mountpoint import check_mountpoint, recover_stale_mount
 from .policy import TargetRefused, check_targets
 from .redact import RedactingFormatter, redact_url
 from .refs import IndexFile, ReferenceSetError, prepare_index

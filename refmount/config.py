@@ -19,9 +19,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A bad option value; the message is shown to the user as one line."""
+from .errors import ConfigError
 
 
 def default_cache_dir() -> str:

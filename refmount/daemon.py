@@ -28,9 +28,10 @@ from .cache import Block, DiskCache, MemoryLRU, private_dir
 from .cachewriter import CacheWriter
 from .config import MountConfig
 from .decoded import ChunkDecoder, DecodedTree, DecodedView
+from .errors import MountError
 from .fetch import Fetcher
 from .fs import RefFS
-from .mountpoint import MountError, check_mountpoint
+from .mountpoint import check_mountpoint
 from .pagepush import PagePusher
 from .policy import target_policy
 from .reader import RefReader

@@ -43,13 +43,14 @@ import numpy as np
 import trio
 
 from .cache import Block, MemoryLRU
+from .errors import ReadError
 from .reader import Flight
 from .refs import Ref, RefKind
 
 log = logging.getLogger(__name__)
 
 
-class DecodeError(Exception):
+class DecodeError(ReadError):
     """A chunk that does not decode to its array's chunk size (corrupt or mis-described)."""
 
 
@@ -594,6 +595,7 @@ class ChunkDecoder:
             if self.on_error is not None:
                 self.on_error()
             log.error("decode failed: key=%s codecs=%s: %s", key, "+".join(array.codecs) or "none", e)
+            e.logged = True
             flight.error = e
             raise
         except BaseException as e:

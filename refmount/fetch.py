@@ -34,6 +34,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
 
 from . import localfile
+from .errors import FetchError
 from .policy import TargetPolicy
 from .redact import redact_url
 from .stats import Stats
@@ -47,18 +48,6 @@ _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirecto
 
 class ShortRead(OSError):
     """The target answered with fewer/more bytes than asked: retried, never served."""
-
-
-class FetchError(Exception):
-    """A fetch failed for good. ``str()`` is safe to log (no credentials)."""
-
-    def __init__(self, url: str, reason: str, errno_: int = errno.EIO, timed_out: bool = False) -> None:
-        # Backend exceptions repeat URLs (with credentials) in their text: redact it all.
-        super().__init__(redact_url(f"{url}: {reason}"))
-        self.url = url
-        self.reason = reason
-        self.errno = errno_
-        self.timed_out = timed_out
 
 
 class PastEnd(FetchError):

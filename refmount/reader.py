@@ -25,7 +25,8 @@ import trio
 
 from .cache import Block, DiskCache, MemoryLRU
 from .cachewriter import CacheWriter
-from .fetch import Fetcher, FetchError, PastEnd
+from .errors import FetchError
+from .fetch import Fetcher, PastEnd
 from .prefetch import TargetReadahead
 from .refs import Ref, RefKind
 from .stats import Stats
