@@ -13,7 +13,12 @@ target policy's business (``TargetPolicy.full_url``), not this module's.
 
 from __future__ import annotations
 
+import re
+
+from fsspec.registry import available_protocols
+
 LOCAL_PROTOCOLS = frozenset({"file", "local"})
+_WORD = re.compile("[a-z]+")
 
 
 def is_chained(url: str) -> bool:
@@ -22,10 +27,16 @@ def is_chained(url: str) -> bool:
 
 
 def protocol(url: str) -> str:
-    """The protocol of the first link of ``url``; ``"file"`` for a plain path."""
+    """The protocol of the first link of ``url``; ``"file"`` for a plain path. In a chain, a
+    link that is a known protocol or lowercase letters only is a protocol name
+    (``simplecache::...``), as fsspec reads it (``fsspec.core._un_chain``)."""
     head = url.split("::", 1)[0]
     proto, sep, _ = head.partition("://")
-    return proto if sep else "file"
+    if sep:
+        return proto
+    if is_chained(url) and (head in available_protocols() or _WORD.fullmatch(head)):
+        return head
+    return "file"
 
 
 def is_local(url: str) -> bool:
