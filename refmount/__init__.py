@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .api import MountError, mounted, unmount
+from .api import mounted, unmount
+from .errors import MountError
 
 try:
     __version__ = version("refmount")

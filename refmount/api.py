@@ -12,9 +12,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from .errors import MountError
 
-class MountError(RuntimeError):
-    """refmount could not mount; the message is refmount's own one-line explanation."""
+__all__ = ["MountError", "is_mounted", "mounted", "unmount"]
 
 
 def _option(name: str, value: Any) -> str | None:

@@ -23,7 +23,8 @@ import trio
 
 from .cache import Block, DiskCache, MemoryLRU
 from .cachewriter import CacheWriter
-from .fetch import Fetcher, FetchError
+from .errors import FetchError
+from .fetch import Fetcher
 from .lru import LRU
 from .singleflight import SingleFlight
 from .stats import Stats

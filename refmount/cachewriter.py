@@ -30,6 +30,7 @@ from typing import IO
 import trio
 
 from .cache import DiskCache, round_up
+from .process import private_files
 from .spawn import child_env, module_command
 from .stats import Stats
 
@@ -162,7 +163,7 @@ def _child(notes_fd: int, ring_fd: int, capacity: int, directory: str, cache_siz
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(stream=sys.stderr, format="%(levelname)s %(message)s", level=logging.INFO)
-    os.umask(0o077)  # block files and directories are the mounting user's only
+    private_files()  # block files and directories are the mounting user's only
     ring = mmap.mmap(ring_fd, _PAGE + capacity)
     os.close(ring_fd)
     view = memoryview(ring)

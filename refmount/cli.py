@@ -21,12 +21,14 @@ import tempfile
 import time
 
 from . import __version__
-from .config import ConfigError, MountConfig, apply_options, options_help, split_options
-from .mountpoint import MountError, check_mountpoint, recover_stale_mount
+from .config import MountConfig, apply_options, options_help, split_options
+from .errors import ConfigError, MountError
+from .mountpoint import check_mountpoint, recover_stale_mount
 from .policy import TargetRefused, check_targets
 from .redact import RedactingFormatter, redact_url
 from .refs import IndexFile, ReferenceSetError, prepare_index
 from .spawn import child_env, module_command
+from .urls import is_local, local_path
 
 log = logging.getLogger("refmount")
 
@@ -61,8 +63,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> MountConfig:
     source = args.source
-    if "://" not in source and "::" not in source:
-        source = os.path.abspath(source)
+    if is_local(source):  # the daemon runs in "/": a local SOURCE is made absolute here
+        source = os.path.abspath(local_path(source))
     cfg = MountConfig(source=source, mountpoint=os.path.abspath(args.mountpoint))
     apply_options(cfg, [o for group in args.options for o in split_options(group)])
     if args.debug:
@@ -110,7 +112,7 @@ def _run_tool(command: str, argv: list[str]) -> int:
         print(json.dumps(stats, indent=2) if args.json else tools.format_stats(stats))
         return 0
     options = _json_option("--target-options", args.target_options)
-    source = args.source if "://" in args.source or "::" in args.source else os.path.abspath(args.source)
+    source = os.path.abspath(local_path(args.source)) if is_local(args.source) else args.source
     if command == "inspect":
         info = tools.inspect(source, options)
         print(json.dumps(info, indent=2) if args.json else tools.format_inspect(info))

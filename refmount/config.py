@@ -19,9 +19,8 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A bad option value; the message is shown to the user as one line."""
+from .errors import ConfigError
+from .urls import is_local, local_path
 
 
 def default_cache_dir() -> str:
@@ -434,8 +433,8 @@ class _MountBase:
             return allow_local
         if not (self.allow_other or self.allow_root):  # type: ignore[attr-defined]
             return ["/"]
-        if "://" not in self.source and "::" not in self.source:
-            real = os.path.realpath(self.source)  # a directory is a Parquet set: itself
+        if is_local(self.source):
+            real = os.path.realpath(local_path(self.source))  # a directory is a Parquet set: itself
             return [real if os.path.isdir(real) else os.path.dirname(real)]
         return []
 

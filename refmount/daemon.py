@@ -7,7 +7,7 @@ argv, to keep secrets out of ``ps``) and reports readiness on an inherited pipe.
 
 from __future__ import annotations
 
-import ctypes
+import asyncio
 import hashlib
 import json
 import logging
@@ -23,14 +23,15 @@ from typing import Any
 import pyfuse3
 import trio
 
-from . import guestloop
+from . import guestloop, process
 from .cache import Block, DiskCache, MemoryLRU, private_dir
 from .cachewriter import CacheWriter
 from .config import MountConfig
 from .decoded import ChunkDecoder, DecodedTree, DecodedView
+from .errors import MountError
 from .fetch import Fetcher
 from .fs import RefFS
-from .mountpoint import MountError, check_mountpoint
+from .mountpoint import check_mountpoint
 from .pagepush import PagePusher
 from .policy import target_policy
 from .reader import RefReader
@@ -105,7 +106,92 @@ def sd_notify(message: str) -> None:
         log.warning("cannot notify systemd at %s: %s", addr, e.strerror)
 
 
-def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
+class Mount:
+    """A built file system and everything that serves it, owning their start-up and shutdown.
+
+    The parts are made by ``build_filesystem``; nothing runs yet and nothing is left behind if
+    it is dropped (``close`` is safe at any point). Serving goes in this order:
+
+    1. ``bind_loop(loop)``: fsspec's async file systems live on the asyncio loop trio runs as
+       a guest of (``guestloop``);
+    2. ``start(nursery)``: the FUSE operations, the reader, the decoder and the fetcher run
+       their background work (readahead, merged requests, kernel notifications) in the
+       daemon's nursery, and the idle-time heap trim starts;
+    3. the mount answers (the daemon's business: ``pyfuse3.init``, READY);
+    4. ``warm()``: the disk cache's writer process starts and the cache directory is listed
+       (after READY: a large one takes a while), then returns;
+    5. ``aclose()`` on the loop once trio is done (HTTP sessions), then ``close()``: the cache
+       writer finishes its queued blocks (up to ``timeout``) and exits.
+    """
+
+    def __init__(self, fs: RefFS, fetcher: Fetcher, reader: RefReader, disk: DiskCache | None,
+                 writer: CacheWriter | None, decoder: ChunkDecoder | None) -> None:
+        self.fs = fs
+        self.fetcher = fetcher
+        self.reader = reader
+        self.disk = disk
+        self.writer = writer
+        self.decoder = decoder
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def stats(self) -> Stats:
+        return self.fs.stats
+
+    @property
+    def info(self) -> dict[str, str]:
+        return self.fs.info
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.fetcher.bind_loop(loop)
+
+    def start(self, nursery: trio.Nursery, trim: Callable[[int], int] | None = None) -> None:
+        """Background work of every part runs in ``nursery`` from now on; with ``trim``
+        (``malloc_trim``), freed heap memory is given back after a few idle seconds."""
+        self._nursery = nursery
+        self.fs.attach(nursery)
+        self.reader.attach(nursery)
+        if self.decoder is not None:
+            self.decoder.attach(nursery)
+        self.fetcher.attach(nursery)
+        if trim is not None:
+            nursery.start_soon(self._trim_when_idle, trim)
+
+    async def warm(self) -> None:
+        """Start the disk cache's writer process and learn which blocks are on disk (a
+        worker thread); the writer's log lines are relayed in the nursery until it exits."""
+        assert self._nursery is not None, "start() first"
+        if self.writer is not None and (child_log := self.writer.start()) is not None:
+            self._nursery.start_soon(self.writer.relay_logs, child_log)
+        if self.disk is not None:
+            await trio.to_thread.run_sync(self.disk.scan, abandon_on_cancel=True)
+
+    async def _trim_when_idle(self, trim: Callable[[int], int]) -> None:
+        """Give freed heap memory back to the system after a few seconds without reads."""
+        last, trimmed = -1, True
+        while True:
+            await trio.sleep(5.0)
+            reads = self.stats.reads
+            if reads != last:
+                last, trimmed = reads, False
+            elif not trimmed:
+                trim(0)  # a few milliseconds, once per idle period
+                trimmed = True
+
+    async def aclose(self) -> None:
+        """Close the HTTP sessions of the fetcher's file systems (on the asyncio loop)."""
+        await self.fetcher.aclose()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the cache writer once it has written its queued blocks (up to ``timeout``).
+        Idempotent, and safe whether or not the mount was started."""
+        if self.writer is not None:
+            self.writer.close(timeout=timeout)
+        self._nursery = None
+
+
+def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> Mount:
+    """The parts of a mount of ``index_file``, wired and not yet running (see ``Mount``)."""
     stats = Stats()
     fetcher = Fetcher(
         cfg.remote_options,
@@ -117,18 +203,19 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
         merge_gap=cfg.merge_gap,
         merge_limit=cfg.block_size,
     )
-    disk = None
+    disk = writer = None
     if cfg.disk_cache:
         # A reference's URL is resolved like the fetcher does (SOURCE's directory,
         # remote_protocol), and the storage options (endpoint, ...) are part of the key.
         options = hashlib.sha256(json.dumps(cfg.remote_options, sort_keys=True, default=str).encode())
         tag, identity = options.hexdigest()[:16], fetcher.policy.cache_identity
         disk = DiskCache(cfg.cache_dir, cfg.cache_size, target_key=lambda url: f"{tag}\0{identity(url)}")
+        writer = CacheWriter(disk, stats)
     reader = RefReader(
         fetcher,
         MemoryLRU(cfg.memory_cache_size),
         disk,
-        disk_writer=CacheWriter(disk, stats) if disk is not None else None,
+        disk_writer=writer,
         whole_fetch_limit=cfg.whole_fetch_limit,
         block_size=cfg.block_size,
         max_readahead=cfg.max_readahead,
@@ -169,7 +256,7 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
             # ahead of a reader included (they land there)
             max_bytes=max(cfg.memory_cache_size // 4, 16 * 2**20), stats=stats,
         )
-    return RefFS(
+    fs = RefFS(
         tree,
         reader,
         stats,
@@ -182,68 +269,31 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> RefFS:
         info=info,
         decoder=decoder,
     )
-
-
-def tune_malloc() -> Callable[[int], int] | None:
-    """The daemon allocates many short-lived buffers of 64 KiB - 32 MiB in several threads
-    (fsspec's IO loop, trio workers, the FUSE loop).
-
-    * Arenas are capped: with glibc's default (8 per core) such buffers fragment per-thread
-      arenas and RSS creeps up by hundreds of MiB under a long load (scripts/soak.py).
-    * Buffers up to 32 MiB come from the heap and freed memory is kept (up to 128 MiB):
-      glibc's default of mmap-ing every large buffer and unmapping it on free made each
-      block cost a fresh mapping whose pages fault in one by one, and on a virtual machine
-      first-touching memory is expensive (it was about half of the daemon's CPU time in
-      a cold sequential read, measured with perf).
-    * What is kept is given back once the mount is idle (``_trim_when_idle``).
-    Returns the C library's ``malloc_trim``, or None when it is not glibc.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-8, 2)  # M_ARENA_MAX
-        libc.mallopt(-3, 32 * 2**20 + 4096)  # M_MMAP_THRESHOLD (fixed: no dynamic growth)
-        libc.mallopt(-1, 128 * 2**20)  # M_TRIM_THRESHOLD
-        return libc.malloc_trim
-    except (OSError, AttributeError):
-        return None  # not glibc: nothing to tune
-
-
-async def _trim_when_idle(ops: RefFS, trim: Callable[[int], int]) -> None:
-    """Give freed heap memory back to the system after a few seconds without reads."""
-    last, trimmed = -1, True
-    while True:
-        await trio.sleep(5.0)
-        reads = ops.stats.reads
-        if reads != last:
-            last, trimmed = reads, False
-        elif not trimmed:
-            trim(0)  # a few milliseconds, once per idle period
-            trimmed = True
+    return Mount(fs, fetcher, reader, disk, writer, decoder)
 
 
 def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None]) -> int:
     """Mount and serve until unmounted or signalled. Raises MountError before mounting."""
-    trim = tune_malloc()
-    os.umask(0o077)  # whatever the daemon creates (cache, logs) is the mounting user's only
+    trim = process.tune()
     check_mountpoint(cfg.mountpoint)
-    ops = build_filesystem(cfg, index_file)
+    mount = build_filesystem(cfg, index_file)
     try:
-        pyfuse3.init(ops, cfg.mountpoint, fuse_options(cfg))
+        pyfuse3.init(mount.fs, cfg.mountpoint, fuse_options(cfg))
     except RuntimeError as e:
+        mount.close()
         raise MountError(f"cannot mount on {cfg.mountpoint}: {e}") from None
     log.info(
         "mounted %s on %s: %s keys (options: %s)",
-        redact_url(cfg.source), cfg.mountpoint, ops.info["keys"], describe_options(cfg),
+        redact_url(cfg.source), cfg.mountpoint, mount.info["keys"], describe_options(cfg),
     )
     try:
         # trio (FUSE) as a guest of the asyncio loop fsspec's filesystems run on: one thread.
-        guestloop.run(_main, cfg, ops, on_ready, trim, on_loop=ops.reader.fetcher.bind_loop,
-                      before_close=ops.reader.fetcher.aclose)
+        guestloop.run(_main, cfg, mount, on_ready, trim, on_loop=mount.bind_loop,
+                      before_close=mount.aclose)
     finally:
         pyfuse3.close(unmount=True)
-        if ops.reader.disk_writer is not None:
-            ops.reader.disk_writer.close(timeout=5.0)  # finish queued block writes
-        stats = ops.stats.as_dict()
+        mount.close(timeout=5.0)  # finish queued block writes
+        stats = mount.stats.as_dict()
         log.info(
             "unmounted %s: %d reads, %d bytes read, %d fetches, %d bytes fetched, "
             "%d errors, %d retries",
@@ -253,29 +303,18 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None])
     return 0
 
 
-async def _main(cfg: MountConfig, ops: RefFS, on_ready: Callable[[], None],
+async def _main(cfg: MountConfig, mount: Mount, on_ready: Callable[[], None],
                 trim: Callable[[int], int] | None) -> None:
     async with trio.open_nursery() as nursery:
-        ops.attach(nursery)
-        ops.reader.attach(nursery)
-        if ops.decoder is not None:
-            ops.decoder.attach(nursery)
-        ops.reader.fetcher.attach(nursery)
+        mount.start(nursery, trim)
         nursery.start_soon(_fuse_main, cfg, nursery)
         nursery.start_soon(_stop_on_signal, nursery)
-        if trim is not None:
-            nursery.start_soon(_trim_when_idle, ops, trim)
         # The mount answers once a stat from another thread comes back through our loop.
         st = await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
         set_kernel_readahead(st.st_dev, cfg.read_ahead_kb)
         on_ready()
         sd_notify("READY=1\nSTATUS=serving " + cfg.mountpoint)
-        writer = ops.reader.disk_writer
-        if writer is not None and (child_log := writer.start()) is not None:
-            nursery.start_soon(writer.relay_logs, child_log)
-        disk = ops.reader.disk
-        if disk is not None:  # after READY: a large cache directory takes a while to list
-            await trio.to_thread.run_sync(disk.scan, abandon_on_cancel=True)
+        await mount.warm()
 
 
 async def _fuse_main(cfg: MountConfig, nursery: trio.Nursery) -> None:

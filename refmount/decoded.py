@@ -43,6 +43,7 @@ import numpy as np
 import trio
 
 from .cache import Block, MemoryLRU
+from .errors import ReadError
 from .lru import LRU
 from .refs import Ref, RefKind
 from .singleflight import SingleFlight
@@ -50,7 +51,7 @@ from .singleflight import SingleFlight
 log = logging.getLogger(__name__)
 
 
-class DecodeError(Exception):
+class DecodeError(ReadError):
     """A chunk that does not decode to its array's chunk size (corrupt or mis-described)."""
 
 
@@ -580,6 +581,7 @@ class ChunkDecoder:
             if self.on_error is not None:
                 self.on_error()
             log.error("decode failed: key=%s codecs=%s: %s", key, "+".join(array.codecs) or "none", e)
+            e.logged = True
             raise
         self.decoded += 1
         self.decoded_ahead += ahead

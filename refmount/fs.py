@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from .decoded import ChunkDecoder, DecodedArray, DecodedTree, DecodeError
-from .fetch import FetchError
+from .decoded import ChunkDecoder, DecodedArray, DecodedTree
+from .errors import ReadError
 from .pagepush import PagePusher
 from .reader import ReadState, RefReader
 from .redact import redact_url
@@ -44,10 +44,11 @@ def _guard(fn: F) -> F:
             return await fn(self, *args)
         except pyfuse3.FUSEError:
             raise
-        except FetchError as e:
+        except ReadError as e:
             self.stats.errors += 1
-            log.error("%s failed: %s", fn.__name__, e)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            if not e.logged:
+                log.error("%s failed: %s", fn.__name__, e)
+            raise pyfuse3.FUSEError(e.reply_errno) from None
         except Exception:
             self.stats.errors += 1
             log.exception("%s%r raised", fn.__name__, args[:2])
@@ -150,7 +151,7 @@ class RefFS(pyfuse3.Operations):
             if size < 0:
                 try:
                     size = await self.reader.size(await self.tree.ref(node))
-                except FetchError as e:
+                except ReadError as e:
                     # A listed file always stats: size unknown (0, attributes the kernel may
                     # not cache, as readdir lists it); opening it fails with EIO (``open``).
                     log.error("size of key %s: %s", self.tree.path(node).decode(errors="replace"), e)
@@ -277,13 +278,11 @@ class RefFS(pyfuse3.Operations):
                 data = await self.decoder.read(h.key, h.array, h.ref, off, size)
             else:
                 data = await self.reader.read(h.ref, off, size, h.state)
-        except DecodeError:  # logged with the key and codec by the decoder
+        except ReadError as e:  # a decode error is logged with the key and codec by the decoder
             self.stats.errors += 1
-            raise pyfuse3.FUSEError(errno.EIO) from None
-        except FetchError as e:
-            self.stats.errors += 1
-            log.error("read failed: key=%s %s", self.tree.path(h.node).decode(errors="replace"), e)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            if not e.logged:
+                log.error("read failed: key=%s %s", self.tree.path(h.node).decode(errors="replace"), e)
+            raise pyfuse3.FUSEError(e.reply_errno) from None
         if h.array is None and h.ref.kind is RefKind.RANGE and h.node.ino not in self._clipped:
             self._clip(h.node, h.ref)
         self.stats.bytes_read += len(data)
@@ -313,10 +312,11 @@ class RefFS(pyfuse3.Operations):
             return
         try:
             await self.reader.settle(ref)
-        except FetchError as e:  # as for a whole target whose size cannot be found: not opened
+        except ReadError as e:  # as for a whole target whose size cannot be found: not opened
             self.stats.errors += 1
-            log.error("read failed: key=%s %s", self.tree.path(node).decode(errors="replace"), e)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            if not e.logged:
+                log.error("read failed: key=%s %s", self.tree.path(node).decode(errors="replace"), e)
+            raise pyfuse3.FUSEError(e.reply_errno) from None
         settling = self._settling.get(node.ino)
         if settling is not None:
             await settling.wait()

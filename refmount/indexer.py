@@ -26,8 +26,8 @@ import subprocess
 import sys
 from typing import Any
 
-from .config import ConfigError, MountConfig
-from .mountpoint import MountError
+from .config import MountConfig
+from .errors import ConfigError, MountError
 from .refs import IndexFile, ReferenceSetError, prepare_index
 from .spawn import child_env, module_command
 

@@ -8,11 +8,9 @@ import logging
 import os
 import subprocess
 
+from .errors import MountError
+
 log = logging.getLogger("refmount")
-
-
-class MountError(RuntimeError):
-    """Mounting failed; the message is for the user."""
 
 
 def _is_stale(path: str) -> bool:

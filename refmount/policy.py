@@ -13,6 +13,7 @@ import fsspec
 from .config import MountConfig
 from .redact import redact_url
 from .refs import IndexFile, KeyIndex
+from .urls import LOCAL_PROTOCOLS, is_chained, is_local, local_path
 
 
 class _BadURL(ValueError):
@@ -23,7 +24,6 @@ class TargetRefused(ValueError):
     """A reference names a target this mount may not read; the message says which."""
 
 
-_LOCAL = frozenset({"file", "local"})
 # Protocols that only read bytes from the location their URL names. When local files are
 # confined, nothing else is allowed: "reference" would open targets of its own choosing
 # (a nested reference set naming /etc/shadow), "dir" prefixes paths ("../.." escapes), etc.
@@ -56,12 +56,10 @@ class TargetPolicy:
         same in the CLI and in the daemon (whose working directory is ``/``): a relative
         path (also ``file://relative``) is relative to SOURCE's directory, and ``~`` is the
         home directory of the mounting user."""
-        if "::" in url:
+        if not is_local(url):
             return url
         protocol, sep, rest = url.partition("://")
-        if sep and protocol not in _LOCAL:
-            return url
-        if not sep and self.remote_protocol and self.remote_protocol not in _LOCAL:
+        if not sep and self.remote_protocol and self.remote_protocol not in LOCAL_PROTOCOLS:
             return f"{self.remote_protocol}://{url}"
         path = rest if sep else url
         if path.startswith("~"):
@@ -92,7 +90,7 @@ class TargetPolicy:
         (a path without a protocol takes ``remote_protocol``'s instead, when one is set)."""
         if "://" in url or "::" in url or os.path.isabs(url):
             return False
-        return not (self.remote_protocol and self.remote_protocol not in _LOCAL)
+        return not (self.remote_protocol and self.remote_protocol not in LOCAL_PROTOCOLS)
 
     def _chain(self, url: str) -> list[tuple[str, str]]:
         """(protocol, path) of each link of a (possibly chained) URL."""
@@ -121,8 +119,7 @@ class TargetPolicy:
         """Why ``url`` may not be read (None if it may). ``resolve`` follows symlinks of
         local paths (file system I/O: call it from a worker thread)."""
         full = self.full_url(url)
-        protocol, sep, _ = full.partition("://")
-        if sep and protocol not in _LOCAL and "::" not in full:
+        if not is_local(full) and not is_chained(full):
             # One remote link: the answer depends on the URL alone (asked before every
             # fetch and disk-cache lookup), so it is remembered.
             try:
@@ -137,8 +134,7 @@ class TargetPolicy:
         return self._problem(full, resolve=resolve)
 
     def _problem(self, full: str, *, resolve: bool) -> str | None:
-        protocol, sep, rest = full.partition("://")
-        if "::" not in full and (not sep or protocol in _LOCAL) and not os.path.isabs(rest if sep else full):
+        if is_local(full) and not os.path.isabs(local_path(full)):
             return "relative local path, and SOURCE is not a local file to be relative to"
         try:
             chain = self._chain(full)
@@ -153,8 +149,8 @@ class TargetPolicy:
             if self.confined and protocol not in BYTE_STORES:
                 return (f"protocol {protocol!r} is not allowed where local files are confined "
                         f"(allowed: {', '.join(sorted(BYTE_STORES))})")
-            if protocol in _LOCAL:
-                local = path.removeprefix("file://")
+            if protocol in LOCAL_PROTOCOLS:
+                local = local_path(path) if is_local(path) else path  # (not absolute: refused)
                 if not os.path.isabs(local):
                     return "relative local path, and SOURCE is not a local file to be relative to"
                 real = os.path.realpath(local) if resolve else os.path.normpath(local)
@@ -163,7 +159,7 @@ class TargetPolicy:
                     where = local if real == os.path.normpath(local) else f"{local} (-> {real})"
                     return (f"local file {where} is outside the allowed directories ({roots}); "
                             "allow it with -o allow_local=DIR")
-        if self.confined and len(chain) > 1 and any(p in _LOCAL for p, _ in chain):
+        if self.confined and len(chain) > 1 and any(p in LOCAL_PROTOCOLS for p, _ in chain):
             # Its inner file system would open the file itself, following symlinks: only a
             # plain local path is opened beneath the allowed directories (localfile.py).
             return ("a chained URL over a local file is not allowed where local files are "
@@ -172,13 +168,12 @@ class TargetPolicy:
 
 
 def target_policy(cfg: MountConfig) -> TargetPolicy:
-    local_source = "://" not in cfg.source and "::" not in cfg.source
     base = None
-    if local_source:
+    if is_local(cfg.source):
         # A directory SOURCE is a Parquet set: relative paths in it are relative to the
         # directory itself (record files name theirs relative to their own directory, below
         # it: see refs/parquet.py), as they are to the directory of a ``.zmetadata`` SOURCE.
-        real = os.path.realpath(cfg.source)
+        real = os.path.realpath(local_path(cfg.source))
         base = real if os.path.isdir(real) else os.path.dirname(real)
     return TargetPolicy(cfg.local_roots(), base, cfg.remote_protocol)
 

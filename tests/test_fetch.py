@@ -11,7 +11,8 @@ import trio
 from aiohttp import web
 
 from refmount.cache import DiskCache, aligned_buffer, round_up
-from refmount.fetch import Fetcher, FetchError, ShortRead, http_range
+from refmount.errors import FetchError
+from refmount.fetch import Fetcher, ShortRead, http_range
 from refmount.policy import TargetPolicy
 from refmount.stats import Stats
 

@@ -28,7 +28,8 @@ from conftest import run_cli
 from test_confinement import _parquet_set, as_nobody, mkdir_public, public, write_json
 
 from refmount.cache import DiskCache, MemoryLRU, aligned_buffer, round_up
-from refmount.fetch import Fetcher, FetchError
+from refmount.errors import FetchError
+from refmount.fetch import Fetcher
 from refmount.localfile import NotARegularFile, open_checked, read_range
 from refmount.policy import TargetPolicy
 from refmount.reader import RefReader
