@@ -134,10 +134,10 @@ def test_json_targets_metadata_tree_and_references(json_set: RefSet) -> None:
             assert json_set.refs[key].url == url
         assert len(fmt.metadata(index, source, {})) == len(json_set.refs)
         opened = fmt.open_tree(index, source, {})
+        assert not os.path.exists(index.path)  # a temporary index is unlinked once mapped
     finally:
         if os.path.exists(index.path):
             os.unlink(index.path)
-    assert not os.path.exists(index.path)  # a temporary index is unlinked once mapped
     assert opened.info["targets"] == str(len(json_set.targets))
     assert len(opened.tree) == len(json_set.refs)
     files = trio.run(walk, opened.tree)
