@@ -26,7 +26,8 @@ from .errors import ConfigError, MountError
 from .mountpoint import check_mountpoint, recover_stale_mount
 from .policy import TargetRefused, check_targets
 from .redact import RedactingFormatter, redact_url
-from .refs import IndexFile, ReferenceSetError, prepare_index
+from .refs import IndexFile, ReferenceSetError, format_named, prepare_index
+from .refs.limits import Limits
 from .spawn import child_env, module_command
 from .urls import is_local, local_path
 
@@ -161,8 +162,8 @@ def _run(args: argparse.Namespace) -> int:
             recover_stale_mount(cfg.mountpoint)
         check_mountpoint(cfg.mountpoint)
         launcher = DaemonLauncher(cfg.mountpoint)
-        index_file = prepare_index(cfg)
-        check_targets(cfg, index_file)
+        index_file = index_source(cfg)
+        check_index_targets(cfg, index_file)
         if cfg.decode:
             _warn_not_decoded(cfg, index_file)
     except BaseException as e:
@@ -208,17 +209,25 @@ def _run_foreground(cfg: MountConfig) -> int:
         _remove_temporary(index_file)  # serve() removes it once mapped; not if it failed before
 
 
+def index_source(cfg: MountConfig) -> IndexFile:
+    """Parse or validate SOURCE in its format (refs.prepare_index) under the mount's limits."""
+    return prepare_index(cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
+                         limits=Limits.from_config(cfg),
+                         cache_dir=cfg.cache_dir if cfg.disk_cache else None)
+
+
+def check_index_targets(cfg: MountConfig, index_file: IndexFile) -> None:
+    """Refuse the set if a target known before mounting may not be read (TargetRefused)."""
+    check_targets(cfg, format_named(index_file.kind).targets(index_file))
+
+
 def _warn_not_decoded(cfg: MountConfig, index_file: IndexFile) -> None:
     """With ``-o decode``, the arrays served as referenced are named here on stderr too: a
     detached daemon's warnings go to its log."""
     from .decoded import DecodedView
-    from .refs import KeyIndex
-    from .refs.parquet import load_parquet_set
 
-    if index_file.kind == "parquet":
-        metadata = load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys).metadata
-    else:
-        metadata = KeyIndex.open(index_file.path)
+    metadata = format_named(index_file.kind).metadata(index_file, cfg.source, cfg.target_options,
+                                                      bad_keys=cfg.bad_keys)
     DecodedView.from_index(metadata).warn()
 
 

@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,11 +35,10 @@ from .pagepush import PagePusher
 from .policy import target_policy
 from .reader import RefReader
 from .redact import RedactingFormatter, redact_url
-from .refs import IndexFile, KeyIndex, Ref
+from .refs import IndexFile, Ref, format_named
 from .refs.limits import Limits
-from .refs.parquet import RecordCache, load_parquet_set
 from .stats import Stats
-from .tree import ChunkTree, KeyTree
+from .tree import Tree
 
 log = logging.getLogger("refmount")
 
@@ -221,28 +219,16 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> Mount:
         max_readahead=cfg.max_readahead,
         stats=stats,
     )
-    info = {"source": redact_url(cfg.source), "format": index_file.kind}
-    tree: KeyTree | ChunkTree | DecodedTree
-    if index_file.kind == "parquet":
-        pset = load_parquet_set(cfg.source, cfg.target_options, cfg.bad_keys, Limits.from_config(cfg))
-        tree = ChunkTree(pset, RecordCache(pset, cfg.target_options, max_inline=cfg.max_inline,
-                                           relative=fetcher.policy.relative))
-        info["record_size"] = str(pset.record_size)
-        info["arrays"] = str(len(pset.arrays))
-        mtime_ns = time.time_ns()
-    else:
-        index = KeyIndex.open(index_file.path)
-        mtime_ns = os.stat(index_file.path).st_mtime_ns
-        if index_file.temporary:
-            os.unlink(index_file.path)  # the mapping keeps it alive; nothing left behind
-        tree = KeyTree(index)
-        for name in ("targets", "referenced_bytes", "inline_bytes"):
-            info[name] = index.metadata.get(name, "?")
+    fmt = format_named(index_file.kind)
+    opened = fmt.open_tree(index_file, cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
+                           limits=Limits.from_config(cfg), relative=fetcher.policy.relative)
+    tree: Tree = opened.tree
+    mtime_ns = opened.mtime_ns
+    info = {"source": redact_url(cfg.source), "format": fmt.name, **opened.info}
     info["keys"] = str(len(tree))
     decoder = None
     if cfg.decode:
-        metadata = tree.meta.index if isinstance(tree, ChunkTree) else tree.index
-        view = DecodedView.from_index(metadata)
+        view = DecodedView.from_index(opened.metadata)
         view.warn()
         info.update(view.describe())
         tree = DecodedTree(tree, view)

@@ -28,7 +28,7 @@ from .reader import ReadState, RefReader
 from .redact import redact_url
 from .refs import Ref, RefKind
 from .stats import Stats
-from .tree import ChunkTree, KeyTree, Node
+from .tree import Node, Tree
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class RefFS(pyfuse3.Operations):
 
     def __init__(
         self,
-        tree: KeyTree | ChunkTree | DecodedTree,
+        tree: Tree,
         reader: RefReader,
         stats: Stats,
         *,

@@ -28,7 +28,7 @@ from typing import Any
 
 from .config import MountConfig
 from .errors import ConfigError, MountError
-from .refs import IndexFile, ReferenceSetError, prepare_index
+from .refs import IndexFile, ReferenceSetError
 from .spawn import child_env, module_command
 
 
@@ -90,12 +90,12 @@ def _die_with_parent() -> None:
 
 
 def _index(payload: dict[str, Any]) -> IndexFile:
-    from .policy import check_targets
+    from .cli import check_index_targets, index_source
 
     cfg = MountConfig(**payload)
-    index_file = prepare_index(cfg)
+    index_file = index_source(cfg)
     try:
-        check_targets(cfg, index_file)
+        check_index_targets(cfg, index_file)
     except BaseException:
         if index_file.temporary:
             with contextlib.suppress(OSError):

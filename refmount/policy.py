@@ -7,12 +7,12 @@ reference set's targets before any daemon exists.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 
 import fsspec
 
 from .config import MountConfig
 from .redact import redact_url
-from .refs import IndexFile, KeyIndex
 from .urls import LOCAL_PROTOCOLS, is_chained, is_local, local_path
 
 
@@ -178,17 +178,14 @@ def target_policy(cfg: MountConfig) -> TargetPolicy:
     return TargetPolicy(cfg.local_roots(), base, cfg.remote_protocol)
 
 
-def check_targets(cfg: MountConfig, index_file: IndexFile) -> None:
-    """Refuse the mount if any distinct target URL is not allowed (JSON sets; Parquet
-    record files are read lazily, so their targets are checked at read time)."""
-    if index_file.kind != "json":
-        return
-    index = KeyIndex.open(index_file.path)
-    if not index.n:
-        return
-    policy = target_policy(cfg)
-    for url in index.urls():
+def check_targets(cfg: MountConfig, targets: Iterable[tuple[str, Callable[[], str]]]) -> None:
+    """Refuse the mount if any distinct target URL is not allowed. ``targets``: the URLs a
+    format knows before mounting, each with a function naming a key that uses it
+    (``Format.targets``; a format read lazily, like Parquet, has its targets checked at read
+    time instead)."""
+    policy = None
+    for url, key_of in targets:
+        policy = policy or target_policy(cfg)
         reason = policy.problem(url, resolve=True)
         if reason:
-            key = index.key(index.first_with_url(url)).decode(errors="replace")
-            raise TargetRefused(f"key {key!r}: {redact_url(url)}: {reason}")
+            raise TargetRefused(f"key {key_of()!r}: {redact_url(url)}: {reason}")

@@ -8,7 +8,6 @@ import base64
 import contextlib
 import itertools
 import json
-import math
 import os
 import sys
 import threading
@@ -16,11 +15,8 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any
 
-import numpy as np
-
 from .redact import redact_url
-from .refs import KeyIndex, Ref, RefKind, build_index
-from .refs.parquet import ParquetSet, RecordCache, load_parquet_set, parquet_root
+from .refs import Ref, RefKind, detect_format
 
 
 class Progress:
@@ -57,36 +53,10 @@ class Progress:
 # ---- reading any reference set as (key, Ref) pairs -------------------------------------------
 
 
-def _parquet_refs(pset: ParquetSet, target_options: dict[str, Any]) -> Iterator[tuple[str, Ref]]:
-    for i in range(pset.metadata.n):
-        yield pset.metadata.key(i).decode(), pset.metadata.ref(i)
-    loader = RecordCache(pset, target_options)
-    rs = pset.record_size
-    for array in pset.arrays:
-        for record_no in range(math.ceil(array.count / rs)):
-            record = loader._load(array, record_no)
-            for row in np.flatnonzero(record.exists).tolist():
-                number = record_no * rs + row
-                if number < array.count:
-                    ref = record.ref(row)
-                    assert ref is not None
-                    yield f"{array.path}/{array.chunk_name(number)}", ref
-
-
 def iter_references(source: str, target_options: dict[str, Any], progress: Progress | None = None,
                     quirks: dict[str, int] | None = None) -> Iterator[tuple[str, Ref]]:
     """(key, Ref) pairs; ``quirks`` (when given) receives the producer quirks accepted."""
-    if parquet_root(source, target_options):
-        pset = load_parquet_set(source, target_options, "error")
-        found: dict[str, int] = pset.quirks
-        pairs: Iterator[tuple[str, Ref]] = _parquet_refs(pset, target_options)
-    else:
-        builder = build_index(source, target_options)
-        index = KeyIndex(builder.finish())
-        found = builder.quirks
-        pairs = ((k.decode(), r) for k, r in index.iter_refs())
-    if quirks is not None:
-        quirks.update((what, n) for what, n in found.items() if n)
+    pairs = detect_format(source, target_options).references(source, target_options, quirks)
     for pair in pairs:
         if progress is not None:
             progress.count += 1
@@ -178,7 +148,7 @@ def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
     _decoded_sizes(arrays, metadata, stored)
     return {
         "source": redact_url(source),  # printed: no user:password@, tokens or signatures
-        "format": "parquet" if parquet_root(source, target_options) else "json",
+        "format": detect_format(source, target_options).name,
         "keys": keys,
         "arrays": arrays,
         "targets": len(targets),

@@ -1,21 +1,34 @@
-"""Streaming reader for JSON reference sets (Version 0; Version 1 in v1.py).
+"""JSON reference sets (Version 0 here; Version 1 in v1.py) and their Format.
 
 The file is never held in memory: ijson's yajl C backend yields one top-level entry at a
 time (faster than parsing the whole document with orjson, at ~1/40 of the memory), and
-each entry goes straight into the columnar IndexBuilder.
+each entry goes straight into the columnar IndexBuilder. :class:`JsonFormat` writes the
+result as an index file (persisted under ``cache_dir/index`` for an unchanged SOURCE) that
+the daemon memory-maps and serves through a ``KeyTree``.
 """
 
 from __future__ import annotations
 
+import logging
+import lzma
+import os
 import re
-from collections.abc import Callable
+import tempfile
+import zlib
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import ijson
+import zstandard
 
-from .index import IndexBuilder
+from .format import Format, IndexFile, OpenedTree, Options
+from .index import INDEX_FORMAT, IndexBuilder, KeyIndex, summary_metadata, write_index
 from .limits import DEFAULT_LIMITS, JsonReader, Limits
-from .model import ReferenceSetError
+from .model import Ref, ReferenceSetError
+from .nonfinite import NonFiniteWatch, filtered
+from .source import open_source, source_identity
+
+log = logging.getLogger(__name__)
 
 V1_FIELDS = frozenset({"version", "templates", "gen", "refs"})
 
@@ -115,3 +128,153 @@ def read_v0(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any 
             builder.add_items(backend.kvitems(JsonReader(f, name, limits), "", use_float=True))
         except ijson.JSONError as e:
             raise _json_error(name, e) from None
+
+
+# ---- parsing SOURCE into an IndexBuilder -----------------------------------------------------
+
+
+def build_index(source: str, target_options: dict, bad_keys: str = "error",
+                limits: Limits = DEFAULT_LIMITS) -> IndexBuilder:
+    """Parse SOURCE into an IndexBuilder (not yet sorted or validated)."""
+    def opener():
+        return open_source(source, target_options, limits.max_ratio)
+
+    def watched():
+        return SurrogateWatch(opener())
+
+    seen = [False]  # NaN/Infinity bytes went by (NonFiniteWatch)
+
+    def watched_twice():
+        return NonFiniteWatch(SurrogateWatch(opener()), seen)
+
+    def watched_nonfinite():
+        return NonFiniteWatch(opener(), seen)
+
+    nonfinite = python = False  # each switches on at most once: at most three parses
+    try:
+        while True:
+            backend = ijson.get_backend("python") if python else ijson
+            try:
+                if not nonfinite:
+                    fopen = watched_nonfinite if python else watched_twice
+                    return _build(fopen, source, bad_keys, backend, limits)
+                fopen, fbackend = filtered(opener if python else watched, backend)
+                builder = _build(fopen, source, bad_keys, fbackend, limits)
+                builder.quirks["numbers were a bare NaN or Infinity"] += fbackend.count
+                return builder
+            except MalformedJSON:
+                if nonfinite or not seen[0]:
+                    raise
+                log.info("%s: parsing again with bare NaN and Infinity accepted as numbers", source)
+                nonfinite = True
+            except IntegerOverflow:
+                log.warning("%s has integers beyond 64 bits: parsing again with the slower Python "
+                            "parser", source)
+                python = True
+            except SurrogateEscapes:
+                log.info("%s has UTF-16 surrogate escapes: parsing again with the slower Python "
+                         "parser, which keeps them exactly", source)
+                python = True
+    except ReferenceSetError:
+        raise
+    except (OSError, EOFError, ValueError, zstandard.ZstdError, lzma.LZMAError, zlib.error) as e:
+        # Corrupt compressed data (BadGzipFile, ZstdError...) or a read that failed midway.
+        what = " ".join(str(e).split())[:120] or type(e).__name__
+        raise ReferenceSetError(f"{source}: cannot read ({type(e).__name__}: {what})") from None
+
+
+def _build(opener: Opener, source: str, bad_keys: str, backend: Any, limits: Limits
+           ) -> IndexBuilder:
+    version = detect_version(opener, source, backend, limits)
+    builder = IndexBuilder(bad_keys, limits)
+    if version == 0:
+        read_v0(opener, source, builder, backend, limits)
+    else:
+        from .v1 import read_v1
+
+        read_v1(opener, source, builder, backend, limits)
+    return builder
+
+
+
+# ---- the Format ------------------------------------------------------------------------------
+
+
+class JsonFormat(Format):
+    """Version 0 and Version 1 JSON (plain or compressed): parsed whole into an index file."""
+
+    name = "json"
+
+    def detect(self, source: str, target_options: Options) -> bool:
+        """Anything another format does not claim: the parse names what is wrong with it
+        (no such file, not JSON, ...). The registry asks this format last."""
+        return True
+
+    def prepare(self, source: str, target_options: Options, *, bad_keys: str = "error",
+                limits: Limits = DEFAULT_LIMITS, cache_dir: str | None = None) -> IndexFile:
+        options = dict(target_options)
+        # The limits are in the identity: a set accepted under other limits is checked again.
+        identity = source_identity(source, options, f"{INDEX_FORMAT}|{bad_keys}|{limits}")
+        cached = None
+        if cache_dir is not None and identity:
+            cached = os.path.join(cache_dir, "index", identity + ".arrow")
+            if os.path.exists(cached):
+                try:
+                    KeyIndex.open(cached)
+                    return IndexFile(cached, temporary=False, reused=True, kind=self.name)
+                except Exception as e:  # corrupt or old: rebuild
+                    log.warning("persisted index %s unusable (%s); rebuilding", cached, e)
+
+        builder = build_index(source, options, bad_keys, limits)
+        table = builder.finish()
+        if builder.quirks:
+            log.info("accepted producer quirks: %s",
+                     ", ".join(f"{n} {what}" for what, n in builder.quirks.items()))
+        if builder.skipped:
+            log.warning("skipped %d keys that cannot be paths (bad_keys=skip), e.g. %r",
+                        len(builder.skipped), builder.skipped[0])
+        meta = summary_metadata(table)
+        meta["source"] = source
+        if cached:
+            try:
+                write_index(table, cached, meta)
+                return IndexFile(cached, temporary=False, reused=False, kind=self.name)
+            except OSError as e:
+                log.warning("cannot persist the index in %s (%s); using a temporary file",
+                            cache_dir, e.strerror)
+        tmpdir = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+        path = os.path.join(tmpdir, f"refmount-index-{os.getpid()}-{id(table):x}.arrow")
+        write_index(table, path, meta)
+        return IndexFile(path, temporary=True, reused=False, kind=self.name)
+
+    def targets(self, index: IndexFile) -> Iterator[tuple[str, Callable[[], str]]]:
+        keys = KeyIndex.open(index.path)
+        if not keys.n:
+            return
+        for url in keys.urls():
+            yield url, lambda url=url: keys.key(keys.first_with_url(url)).decode(errors="replace")
+
+    def metadata(self, index: IndexFile, source: str, target_options: Options, *,
+                 bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS) -> KeyIndex:
+        return KeyIndex.open(index.path)
+
+    def open_tree(self, index: IndexFile, source: str, target_options: Options, *,
+                  bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS,
+                  relative: Callable[[str], bool] | None = None) -> OpenedTree:
+        from ..tree import KeyTree  # the tree layer sits above this package
+
+        keys = KeyIndex.open(index.path)
+        mtime_ns = os.stat(index.path).st_mtime_ns
+        if index.temporary:
+            os.unlink(index.path)  # the mapping keeps it alive; nothing left behind
+        info = {name: keys.metadata.get(name, "?")
+                for name in ("targets", "referenced_bytes", "inline_bytes")}
+        return OpenedTree(KeyTree(keys), keys, mtime_ns, info)
+
+    def references(self, source: str, target_options: Options,
+                   quirks: dict[str, int] | None = None) -> Iterator[tuple[str, Ref]]:
+        builder = build_index(source, dict(target_options))
+        keys = KeyIndex(builder.finish())
+        if quirks is not None:
+            quirks.update((what, n) for what, n in builder.quirks.items() if n)
+        return ((k.decode(), r) for k, r in keys.iter_refs())

@@ -4,7 +4,8 @@ Mounting reads only ``.zmetadata``: its metadata keys become a small KeyIndex, a
 array (a ``<path>/.zarray`` key) becomes an :class:`ArraySpec` whose chunk keys are
 derived from shape/chunks in C order. Chunk ``i`` lives in ``<path>/refs.<i // record_size>.parq``
 at row ``i % record_size``; record files are read when a lookup, listing or read needs
-them (in a worker thread), and kept in a bounded LRU.
+them (in a worker thread), and kept in a bounded LRU. The tree served is a ``ChunkTree``
+(chunktree.py); :class:`ParquetFormat` is this format's entry in the registry.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import json
 import logging
 import math
 import posixpath
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +29,7 @@ import trio
 
 from ..lru import LRU
 from ..singleflight import SingleFlight
+from .format import Format, IndexFile, OpenedTree, Options
 from .index import IndexBuilder, KeyIndex
 from .limits import DEFAULT_LIMITS, Limits, size_text
 from .model import Ref, ReferenceSetError, RefKind
@@ -304,3 +307,67 @@ class RecordCache:
         self.loads += 1
         self._lru.put(key, rec)
         return rec
+
+
+# ---- the Format ------------------------------------------------------------------------------
+
+
+class ParquetFormat(Format):
+    """fsspec's LazyReferenceMapper layout: ``.zmetadata`` is validated at mount, record files
+    are read when a lookup, listing or read needs them (``ChunkTree`` in chunktree.py)."""
+
+    name = "parquet"
+
+    def detect(self, source: str, target_options: Options) -> bool:
+        return parquet_root(source, dict(target_options)) is not None
+
+    def prepare(self, source: str, target_options: Options, *, bad_keys: str = "error",
+                limits: Limits = DEFAULT_LIMITS, cache_dir: str | None = None) -> IndexFile:
+        pset = load_parquet_set(source, dict(target_options), bad_keys, limits)  # validate .zmetadata now
+        if pset.skipped:
+            log.warning("skipped %d metadata keys that cannot be paths (bad_keys=skip), e.g. %r",
+                        len(pset.skipped), pset.skipped[0])
+        return IndexFile("", temporary=False, reused=False, kind=self.name)
+
+    def targets(self, index: IndexFile) -> Iterator[tuple[str, Callable[[], str]]]:
+        return iter(())  # record files are read lazily: their targets are checked at read time
+
+    def metadata(self, index: IndexFile, source: str, target_options: Options, *,
+                 bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS) -> KeyIndex:
+        return load_parquet_set(source, dict(target_options), bad_keys, limits).metadata
+
+    def open_tree(self, index: IndexFile, source: str, target_options: Options, *,
+                  bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS,
+                  relative: Callable[[str], bool] | None = None) -> OpenedTree:
+        from .chunktree import ChunkTree  # it builds on the tree layer (tree.KeyTree)
+
+        options = dict(target_options)
+        pset = load_parquet_set(source, options, bad_keys, limits)
+        tree = ChunkTree(pset, RecordCache(pset, options, max_inline=limits.max_inline,
+                                           relative=relative))
+        info = {"record_size": str(pset.record_size), "arrays": str(len(pset.arrays))}
+        return OpenedTree(tree, pset.metadata, time.time_ns(), info)
+
+    def references(self, source: str, target_options: Options,
+                   quirks: dict[str, int] | None = None) -> Iterator[tuple[str, Ref]]:
+        options = dict(target_options)
+        pset = load_parquet_set(source, options, "error")
+        if quirks is not None:
+            quirks.update((what, n) for what, n in pset.quirks.items() if n)
+        return _references(pset, options)
+
+
+def _references(pset: ParquetSet, target_options: dict[str, Any]) -> Iterator[tuple[str, Ref]]:
+    for i in range(pset.metadata.n):
+        yield pset.metadata.key(i).decode(), pset.metadata.ref(i)
+    loader = RecordCache(pset, target_options)
+    rs = pset.record_size
+    for array in pset.arrays:
+        for record_no in range(math.ceil(array.count / rs)):
+            record = loader._load(array, record_no)
+            for row in np.flatnonzero(record.exists).tolist():
+                number = record_no * rs + row
+                if number < array.count:
+                    ref = record.ref(row)
+                    assert ref is not None
+                    yield f"{array.path}/{array.chunk_name(number)}", ref

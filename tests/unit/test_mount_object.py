@@ -14,11 +14,11 @@ import pyfuse3
 import pytest
 import trio
 
+from refmount.cli import index_source
 from refmount.config import MountConfig, apply_options
 from refmount.daemon import Mount, build_filesystem
 from refmount.errors import ReadError
 from refmount.fs import RefFS
-from refmount.refs import prepare_index
 
 DATA = bytes(range(256)) * 1024  # 256 KiB target
 
@@ -35,7 +35,7 @@ def tiny_mount(tmp_path: Path, *options: str) -> Mount:
     }))
     cfg = MountConfig(source=str(refs), mountpoint=str(tmp_path / "mnt"), cache_dir=str(tmp_path / "cache"))
     apply_options(cfg, ["no_page_push", "timeout=5", "retries=0", *options])
-    return build_filesystem(cfg, prepare_index(cfg))
+    return build_filesystem(cfg, index_source(cfg))
 
 
 async def read_key(fs: RefFS, *names: bytes) -> bytes:

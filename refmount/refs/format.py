@@ -1,0 +1,89 @@
+"""What every reference-set format provides, so that nothing outside ``refs/`` needs to
+know which format a set is in.
+
+A format is found by :meth:`Format.detect` (the registry in ``refs/__init__.py`` asks each in
+turn). In the foreground, :meth:`Format.prepare` parses or validates SOURCE and returns an
+:class:`IndexFile` (which names the format, so that the daemon can find it again without
+asking SOURCE); :meth:`Format.targets` lists the target URLs known by then, for the CLI's
+target checks. The daemon calls :meth:`Format.open_tree`. ``refmount expand`` and
+``inspect`` read every reference through :meth:`Format.references`.
+
+Arguments are plain values (SOURCE, its storage options, ``bad_keys``, :class:`Limits`,
+a cache directory): this package knows nothing of the mount's configuration object.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .index import KeyIndex
+from .limits import DEFAULT_LIMITS, Limits
+from .model import Ref
+
+if TYPE_CHECKING:
+    from ..tree import Tree
+
+Options = Mapping[str, Any]  # fsspec storage options for SOURCE (``target_options``)
+
+
+@dataclass
+class IndexFile:
+    """What :meth:`Format.prepare` leaves for the daemon. Sent to it as JSON (``vars``)."""
+
+    path: str  # the index file; "" for a format read lazily from SOURCE itself (Parquet)
+    temporary: bool  # delete once the daemon has mapped it
+    reused: bool  # an unchanged set's persisted index was found
+    kind: str = "json"  # the name of the Format that prepared it
+
+
+@dataclass
+class OpenedTree:
+    """What :meth:`Format.open_tree` gives the daemon."""
+
+    tree: Tree  # the directory tree served
+    metadata: KeyIndex  # the keys a decoded view reads (``.zarray``, ``.zattrs``, ...)
+    mtime_ns: int  # the time stamp of every file and directory
+    info: dict[str, str] = field(default_factory=dict)  # summary rows (``user.refmount.*``)
+
+
+class Format(ABC):
+    """One format of reference set (see the module's docstring for who calls what)."""
+
+    name: ClassVar[str]  # as reported by ``inspect`` and ``user.refmount.format``
+
+    @abstractmethod
+    def detect(self, source: str, target_options: Options) -> bool:
+        """Whether SOURCE is a set of this format (cheap: at most a few small reads)."""
+
+    @abstractmethod
+    def prepare(self, source: str, target_options: Options, *, bad_keys: str = "error",
+                limits: Limits = DEFAULT_LIMITS, cache_dir: str | None = None) -> IndexFile:
+        """Parse or validate SOURCE before anything is mounted; a malformed set raises
+        ReferenceSetError. ``cache_dir``: where an index may persist (None: nowhere)."""
+
+    @abstractmethod
+    def targets(self, index: IndexFile) -> Iterator[tuple[str, Callable[[], str]]]:
+        """The distinct target URLs known once prepared, each with a function that names one
+        key using it (called only to explain a refused target: it may scan). A format read
+        lazily yields none; its targets are checked when read."""
+
+    @abstractmethod
+    def metadata(self, index: IndexFile, source: str, target_options: Options, *,
+                 bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS) -> KeyIndex:
+        """The metadata keys (all keys, for an indexed format) without opening a tree."""
+
+    @abstractmethod
+    def open_tree(self, index: IndexFile, source: str, target_options: Options, *,
+                  bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS,
+                  relative: Callable[[str], bool] | None = None) -> OpenedTree:
+        """The tree to serve (in the daemon). ``relative`` tells which target paths are
+        relative local paths (``TargetPolicy.relative``)."""
+
+    @abstractmethod
+    def references(self, source: str, target_options: Options,
+                   quirks: dict[str, int] | None = None) -> Iterator[tuple[str, Ref]]:
+        """Every (key, Ref) of SOURCE, read from scratch; ``quirks`` (when given) receives
+        the producer quirks accepted (what -> how many) before the first pair."""

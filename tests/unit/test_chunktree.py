@@ -1,0 +1,197 @@
+"""ChunkTree without FUSE: the tree of a Parquet set and its inode arithmetic, over random
+array grids, separators, record sizes and absent chunks (record files from memory)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from refmount.refs import Ref, RefKind
+from refmount.refs.chunktree import ChunkTree
+from refmount.refs.index import IndexBuilder, KeyIndex
+from refmount.refs.parquet import ArraySpec, ParquetSet, Record
+from refmount.tree import ROOT_INODE, Node
+
+PATHS = ("a", "g/b", "g/h/c")
+
+
+@dataclass
+class Case:
+    tree: ChunkTree
+    files: dict[str, Ref]  # every key the tree must show
+    absent: set[str]  # chunk keys of rows without a value
+    loads: list[tuple[int, int]]
+
+
+class MemoryRecords:
+    """What ChunkTree asks of a RecordCache: ``get(array id, record number)``."""
+
+    def __init__(self, tables: dict[tuple[int, int], pa.Table], loads: list[tuple[int, int]]) -> None:
+        self.tables = tables
+        self.loads = loads
+
+    async def get(self, aid: int, record: int) -> Record:
+        self.loads.append((aid, record))
+        await trio.lowlevel.checkpoint()
+        return Record(self.tables.get((aid, record)), f"memory://{aid}/refs.{record}.parq")
+
+
+def chunk_name(spec: ArraySpec, number: int) -> str:
+    dims = spec.grid or (1,)
+    return spec.separator.join(str(int(i)) for i in np.unravel_index(number, dims))
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    record_size = draw(st.integers(1, 5))
+    n_arrays = draw(st.integers(1, len(PATHS)))
+    builder = IndexBuilder()
+    files: dict[str, Ref] = {}
+    absent: set[str] = set()
+    tables: dict[tuple[int, int], pa.Table] = {}
+
+    def meta(key: str, value: dict) -> None:
+        data = json.dumps(value).encode()
+        builder.add_inline(key, data)
+        files[key] = Ref(RefKind.INLINE, None, 0, len(data), data)
+
+    meta(".zgroup", {"zarr_format": 2})
+    specs = []
+    for aid, path in enumerate(sorted(PATHS[:n_arrays])):
+        ndim = draw(st.integers(0, 3))
+        shape = draw(st.lists(st.integers(0, 5), min_size=ndim, max_size=ndim))
+        chunks = draw(st.lists(st.integers(1, 3), min_size=ndim, max_size=ndim))
+        sep = draw(st.sampled_from([".", "/"]))
+        meta(f"{path}/.zarray", {"shape": shape, "chunks": chunks, "dimension_separator": sep})
+        if draw(st.booleans()):
+            meta(f"{path}/.zattrs", {"n": aid})
+        grid = tuple(math.ceil(s / c) for s, c in zip(shape, chunks, strict=True))
+        spec = ArraySpec(path, grid, sep)
+        specs.append(spec)
+        present = draw(st.lists(st.booleans(), min_size=spec.count, max_size=spec.count))
+        rows = []
+        for number, here in enumerate(present):
+            key = f"{path}/{chunk_name(spec, number)}"
+            if not here:
+                rows.append((None, 0, 0, None))
+                absent.add(key)
+            elif number % 2:
+                rows.append((f"/data/{path}", number * 10, number + 1, None))
+                files[key] = Ref(RefKind.RANGE, f"/data/{path}", number * 10, number + 1)
+            else:
+                raw = key.encode()
+                rows.append((None, 0, 0, raw))
+                files[key] = Ref(RefKind.INLINE, None, 0, len(raw), raw)
+        for r in range(0, len(rows), record_size):
+            part = rows[r : r + record_size]
+            if all(row == (None, 0, 0, None) for row in part) and draw(st.booleans()):
+                continue  # no record file at all: its keys are absent too
+            tables[(aid, r // record_size)] = pa.table({
+                "path": pa.array([p[0] for p in part], pa.string()),
+                "offset": pa.array([p[1] for p in part], pa.int64()),
+                "size": pa.array([p[2] for p in part], pa.int64()),
+                "raw": pa.array([p[3] for p in part], pa.binary()),
+            })
+    pset = ParquetSet("memory://set", record_size, KeyIndex(builder.finish()), specs)
+    loads: list[tuple[int, int]] = []
+    tree = ChunkTree(pset, MemoryRecords(tables, loads))  # type: ignore[arg-type]
+    return Case(tree, files, absent, loads)
+
+
+async def walk(tree: ChunkTree) -> dict[str, tuple[int, Node]]:
+    """Every file reachable by readdir: path -> (size listed, node), checking each step."""
+    out: dict[str, tuple[int, Node]] = {}
+    todo = [(tree.root, "")]
+    inodes: set[int] = {ROOT_INODE}
+    while todo:
+        node, prefix = todo.pop()
+        listed = []
+        async for name, ino, is_dir, token, size in tree.entries(node):
+            listed.append((name, ino, is_dir, token, size))
+            assert ino not in inodes, "inode numbers are unique"
+            inodes.add(ino)
+            child = tree.node(ino)
+            assert child is not None and child.ino == ino and child.is_dir == is_dir
+            assert await tree.lookup(node, name) == child  # lookup agrees with readdir
+            assert tree.parent(child) == node
+            path = prefix + name.decode()
+            assert tree.path(child) == path.encode()
+            if is_dir:
+                todo.append((child, path + "/"))
+            else:
+                out[path] = (size, child)
+        # Resuming after any entry's token lists exactly the entries after it.
+        for i, (_name, _ino, _d, token, _s) in enumerate(listed):
+            rest = [e async for e in tree.entries(node, token)]
+            assert rest == listed[i + 1 :]
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases())
+def test_listing_lookup_and_references_show_exactly_the_keys(case: Case) -> None:
+    async def check() -> None:
+        tree = case.tree
+        found = await walk(tree)
+        assert set(found) == set(case.files)
+        assert len(tree) == len(case.tree.meta) + sum(a.count for a in tree.arrays)
+        for path, (size, node) in found.items():
+            ref = await tree.ref(node)
+            assert ref == case.files[path]
+            assert size == await tree.size(node) == ref.length
+        for path in case.absent:  # rows without a value are not files
+            node = tree.root
+            parts = path.encode().split(b"/")
+            for part in parts[:-1]:
+                node = await tree.lookup(node, part)
+                assert node is not None and node.is_dir
+            assert await tree.lookup(node, parts[-1]) is None
+
+    trio.run(check)
+
+
+@settings(max_examples=30, deadline=None)
+@given(cases(), st.integers(0, 2**63 - 1))
+def test_unknown_inode_numbers_are_not_found_or_are_real(case: Case, ino: int) -> None:
+    node = case.tree.node(ino)
+    if node is not None:
+        path = case.tree.path(node).decode()
+        assert node.ino == ino
+        assert any(k == path or k.startswith(path + "/") for k in case.files) or node.is_dir
+
+
+@settings(max_examples=30, deadline=None)
+@given(cases(), st.sampled_from([b"", b"-1", b"01", b"00", b"99", b"1.", b".1", b"x", b"0.0.0.0"]))
+def test_names_that_are_not_chunk_coordinates_are_not_found(case: Case, name: bytes) -> None:
+    async def check() -> None:
+        for aid, spec in enumerate(case.tree.arrays):
+            array_dir = case.tree._array_dir[aid]
+            node = await case.tree.lookup(array_dir, name)
+            if node is not None:  # only a real chunk name in range may resolve
+                assert name.decode() in {chunk_name(spec, n) for n in range(spec.count)} | {
+                    chunk_name(spec, n).split("/")[0] for n in range(spec.count)}
+
+    trio.run(check)
+
+
+@settings(max_examples=20, deadline=None)
+@given(cases())
+def test_metadata_keys_load_no_record(case: Case) -> None:
+    async def check() -> None:
+        for key in case.files:
+            if key.rpartition("/")[2].startswith("."):
+                node = case.tree.root
+                for part in key.encode().split(b"/"):
+                    node = await case.tree.lookup(node, part)
+                    assert node is not None
+                await case.tree.ref(node)
+        assert case.loads == []
+
+    trio.run(check)

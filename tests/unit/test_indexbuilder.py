@@ -1,0 +1,145 @@
+"""IndexBuilder and KeyIndex without FUSE: what goes in comes out sorted, unique (last value
+wins), validated, and the same through an index file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from refmount.refs import Ref, ReferenceSetError, RefKind
+from refmount.refs.index import IndexBuilder, KeyIndex, summary_metadata, write_index
+from refmount.refs.limits import Limits
+
+KEY = st.text(alphabet="ab0/", min_size=1, max_size=5).filter(
+    lambda s: all(p not in ("", ".", "..") for p in s.split("/")))
+VALUE = st.one_of(
+    st.text(alphabet="xyz", max_size=4),
+    st.builds(lambda u, o, n: [u, o, n], st.sampled_from(["s3://b/1", "/f/2"]),
+              st.integers(0, 2**40), st.integers(0, 2**20)),
+    st.builds(lambda u: [u], st.sampled_from(["s3://b/1", "http://h/3"])),
+)
+
+
+def as_ref(value: object) -> Ref:
+    if isinstance(value, str):
+        return Ref(RefKind.INLINE, None, 0, len(value.encode()), value.encode())
+    assert isinstance(value, list)
+    if len(value) == 1:
+        return Ref(RefKind.WHOLE, value[0], 0, -1)
+    return Ref(RefKind.RANGE, value[0], value[1], value[2])
+
+
+def without_dirs(pairs: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    keys = {k for k, _ in pairs}
+    dirs = {k[:i] for k in keys for i, c in enumerate(k) if c == "/"}
+    return [(k, v) for k, v in pairs if k not in dirs]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(KEY, VALUE), max_size=30), st.booleans())
+def test_keys_come_out_sorted_unique_last_wins(pairs: list[tuple[str, object]], one_by_one: bool
+                                               ) -> None:
+    pairs = without_dirs(pairs)
+    b = IndexBuilder()
+    if one_by_one:
+        for k, v in pairs:
+            b.add_value(k, v)
+    else:
+        b.add_items(pairs)
+    index = KeyIndex(b.finish())
+    expected = dict(pairs)  # a JSON object: the last value of a key wins
+    keys = [index.key(i) for i in range(index.n)]
+    assert keys == sorted(k.encode() for k in expected)
+    assert {k.decode(): r for k, r in index.iter_refs()} == {k: as_ref(v) for k, v in expected.items()}
+    for i, k in enumerate(keys):
+        assert index.bisect(k) == i
+        assert index.size(i) == as_ref(expected[k.decode()]).length
+    assert set(index.urls()) == {v[0] for v in expected.values() if isinstance(v, list)}
+
+
+def test_round_trip_through_an_index_file(tmp_path: Path) -> None:
+    b = IndexBuilder()
+    b.add_items([("b", ["s3://x/y", 5, 6]), ("a/.zarray", "{}"), ("c", ["s3://x/z"])])
+    table = b.finish()
+    meta = summary_metadata(table)
+    assert meta == {"keys": "3", "targets": "2", "referenced_bytes": "6", "inline_bytes": "2"}
+    write_index(table, str(tmp_path / "i.arrow"), meta)
+    index = KeyIndex.open(str(tmp_path / "i.arrow"))
+    assert index.metadata["keys"] == "3"
+    assert dict(index.iter_refs()) == dict(KeyIndex(table).iter_refs())
+    assert index.key(index.first_with_url("s3://x/z")) == b"c"
+    view = index.ref(0, view=True)
+    assert isinstance(view.data, memoryview) and bytes(view.data) == b"{}"
+
+
+def test_leading_slash_is_the_root_and_counted() -> None:
+    b = IndexBuilder()
+    b.add_items([("/a/b", "1"), ("c", "2")])
+    index = KeyIndex(b.finish())
+    assert [index.key(i) for i in range(index.n)] == [b"a/b", b"c"]
+    assert b.quirks["keys had a leading '/'"] == 1
+    clash = IndexBuilder()
+    clash.add_items([("/a", "1"), ("a", "2")])
+    with pytest.raises(ReferenceSetError, match="are the same path"):
+        clash.finish()
+
+
+@pytest.mark.parametrize(("key", "why"), [
+    ("a//b", "empty, '.' or '..'"), ("a/../b", "empty, '.' or '..'"), ("", "is empty"),
+    ("a\x00b", "NUL"), ("x" * 256, "over 255 bytes"),
+])
+def test_keys_that_cannot_be_paths_are_refused_or_skipped(key: str, why: str) -> None:
+    b = IndexBuilder()
+    b.add_items([(key, "v"), ("ok", "w")])
+    with pytest.raises(ReferenceSetError, match=why):
+        b.finish()
+    skip = IndexBuilder("skip")
+    skip.add_items([(key, "v"), ("ok", "w")])
+    index = KeyIndex(skip.finish())
+    assert [index.key(i) for i in range(index.n)] == [b"ok"] and skip.skipped == [key]
+
+
+def test_a_key_that_is_also_a_directory_is_refused() -> None:
+    b = IndexBuilder()
+    b.add_items([("a", "1"), ("a/b", "2")])
+    with pytest.raises(ReferenceSetError, match="both a file and a directory"):
+        b.finish()
+
+
+def test_limits_bound_keys_and_inline_values() -> None:
+    limits = Limits(max_inline=4, max_key_depth=2, max_key_length=8)
+    for pairs, why in (([("k", "12345")], "max_inline"), ([("k", "base64:AAAAAAAA")], "max_inline"),
+                       ([("a/b/c", "1")], "max_key_depth"), ([("abcdefghi", "1")], "max_key_length")):
+        b = IndexBuilder(limits=limits)
+        with pytest.raises(ReferenceSetError, match=why):
+            b.add_items(pairs)
+            b.finish()
+
+
+@pytest.mark.parametrize("value", [[1, 2, 3], ["u", -1, 2], ["u", 1.5, 2], ["u", 1], [], None, 5,
+                                   ["", 0, 1], ["u", 2**63 - 1, 1]])
+def test_malformed_values_are_refused(value: object) -> None:
+    b = IndexBuilder()
+    with pytest.raises(ReferenceSetError, match="key 'k'"):
+        b.add_items([("k", value)])
+        b.finish()
+
+
+def test_generated_columns_join_the_index() -> None:
+    b = IndexBuilder()
+    b.add_items([("m", "meta")])
+    keys = pa.array(["g/0", "g/1"], pa.large_string())
+    b.add_columns(keys, pa.array(["s3://a", "s3://b"]), np.array([0, 10]), np.array([10, 5]), "gen")
+    b.add_columns(pa.array(["w/0"], pa.large_string()), pa.array(["s3://a"]), None, None, "gen")
+    index = KeyIndex(b.finish())
+    assert dict(index.iter_refs()) == {
+        b"g/0": Ref(RefKind.RANGE, "s3://a", 0, 10), b"g/1": Ref(RefKind.RANGE, "s3://b", 10, 5),
+        b"m": Ref(RefKind.INLINE, None, 0, 4, b"meta"), b"w/0": Ref(RefKind.WHOLE, "s3://a", 0, -1),
+    }
+    with pytest.raises(ReferenceSetError, match="negative"):
+        b.add_columns(keys, pa.array(["s3://a", "s3://b"]), np.array([0, -1]), np.array([1, 1]), "gen")
