@@ -29,7 +29,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import CLI, is_mounted, mount_entries, opts_arg, run_cli
+from support.mounts import CLI, is_mounted, mount_entries, opts_arg, run_cli
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 

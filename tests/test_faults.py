@@ -24,7 +24,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import (
+from support.faultserver import FaultServer
+from support.mounts import (
     CLI,
     REPO,
     cli_env,
@@ -32,11 +33,10 @@ from conftest import (
     fusermount_u,
     is_mounted,
     opts_arg,
-    read_or_errno,
     run_cli,
     wait_gone,
 )
-from faultserver import FaultServer
+from support.paths import read_or_errno
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 

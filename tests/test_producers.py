@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
-from conftest import walk
-from producers import Case, build_corpus
+from support.paths import walk
+from support.producers import Case, build_corpus
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
 

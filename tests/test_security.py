@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from conftest import run_cli
+from support.mounts import run_cli
 from test_confinement import _parquet_set, as_nobody, mkdir_public, public, write_json
 
 from refmount.cache import DiskCache, MemoryLRU, aligned_buffer, round_up
