@@ -16,6 +16,8 @@ import errno
 import json
 import os
 import stat
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -328,5 +330,39 @@ def test_getxattr_listxattr_and_statfs(ops: RefFS) -> None:
         assert await errno_of(ops.getxattr(r, b"user.other", CTX)) == pyfuse3.ENOATTR
         s = await ops.statfs(CTX)
         assert s.f_files == 7 and s.f_bfree == 0 and s.f_namemax == 255
+
+    run(ops, body)
+
+
+def test_concurrent_opens_settle_once_and_all_see_the_settled_size(
+        ops: RefFS, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, bool]] = []
+    told = threading.Event()
+
+    def invalidate(ino: int, attr_only: bool) -> None:  # runs in a worker thread
+        calls.append((ino, attr_only))
+        time.sleep(0.2)  # the kernel takes its time
+        told.set()
+        raise OSError(errno.EINVAL, "no session")  # as pyfuse3 says without a mount
+
+    monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate)
+
+    async def body(ops: RefFS) -> None:
+        ino = (await resolve(ops, "past_end")).st_ino
+        sizes: list[int] = []
+
+        async def open_and_stat() -> None:
+            fi = await ops.open(ino, os.O_RDONLY, CTX)
+            assert told.is_set(), "an open returned before the kernel was told the size"
+            sizes.append((await ops.getattr(ino, CTX)).st_size)
+            assert bytes(await ops.read(fi.fh, 0, 4096)) == DATA[10_000:]
+            await ops.release(fi.fh)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(open_and_stat)
+        assert sizes == [240] * 5
+        assert calls == [(ino, True)]  # the kernel is told once, attributes only
+        assert ops.stats.open_files == 0
 
     run(ops, body)
