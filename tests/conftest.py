@@ -18,7 +18,9 @@ the test's timeout, so a hung FUSE request turns into ENOTCONN instead of a hung
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -34,6 +36,7 @@ from support.mounts import (
     Mount,
     Mounter,
     SharedMounts,
+    mount_entries,
     warn_problems,
 )
 from support.servers import NginxServer
@@ -167,6 +170,21 @@ def pytest_runtest_makereport(item, call):
                 continue
             seen.add(m.path)
             report.sections.append((f"refmount daemon log {m.path}", m.log_text(tail=80)))
+
+
+@pytest.fixture
+def public(mount):
+    """A directory every user can traverse (pytest's tmp dirs are 0700), for sources and
+    mountpoints that ``nobody`` must reach. Its mounts are cleaned up before it is removed."""
+    base = Path(tempfile.mkdtemp(prefix="refmount-confine-", dir="/tmp"))
+    base.chmod(0o755)
+    mount.base.mkdir(parents=True, exist_ok=True)  # logs of mounts with an explicit mnt=
+    try:
+        yield base
+    finally:
+        mount.cleanup()
+        if not any(e[1].startswith(str(base) + "/") for e in mount_entries()):
+            shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
