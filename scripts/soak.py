@@ -218,11 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         files = make_data(served, args.data_mib, args.file_mib, args.seed)
         if args.server == "nginx":
-            from servers import NginxServer
+            from support.servers import NginxServer
 
             server = NginxServer(served, run_dir=work / "nginx").start()
         else:
-            from faultserver import FaultServer
+            from support.faultserver import FaultServer
 
             server = FaultServer(served).start()
         refs, plan = make_refs(files, server.url, args.keys, args.whole, args.seed)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up the machine if needed, lint, and run the test suite (real FUSE mounts).
-# Extra arguments go to pytest, e.g. scripts/test.sh -k readdir -x
+# Set up the machine if needed, lint, and run the test suite: the unit tier first (tests/unit,
+# no FUSE, well under a minute: a broken core fails fast), then the mount tests (real FUSE).
+# Extra arguments go to one pytest run instead, e.g. scripts/test.sh -k readdir -x
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -10,5 +11,13 @@ bash scripts/setup.sh
 echo "test: ruff check ."
 .venv/bin/ruff check .
 
-echo "test: pytest tests -q $*"
-exec .venv/bin/python -m pytest tests -q "$@"
+if [ $# -gt 0 ]; then
+    echo "test: pytest tests -q $*"
+    exec .venv/bin/python -m pytest tests -q "$@"
+fi
+
+echo "test: pytest tests/unit -q"
+.venv/bin/python -m pytest tests/unit -q
+
+echo "test: pytest tests -q --ignore=tests/unit"
+exec .venv/bin/python -m pytest tests -q --ignore=tests/unit

@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import parquet_data as pdata
 import psutil
 import pytest
-from admin_support import (
+from support import parquet_data as pdata
+from support.admin import (
     DEV_LOG,
     INSTALLED_UNIT,
     INSTALLED_VENV,
@@ -43,7 +43,7 @@ from admin_support import (
     run_install,
     write_hand_set,
 )
-from conftest import (
+from support.mounts import (
     Mount,
     daemon_procs,
     fusermount_u,

@@ -21,38 +21,20 @@ import os
 import shutil
 import stat
 import subprocess
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-from conftest import CLI, is_mounted, mount_entries, opts_arg, run_cli
+from support.confinement import as_nobody, mkdir_public, parquet_set, write_json
+from support.mounts import CLI, is_mounted, mount_entries, opts_arg, run_cli
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
-NOBODY = 65534
 SHADOW = Path("/etc/shadow")
 
 
 # --- fixtures and helpers ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def public(mount):
-    """A directory every user can traverse (pytest's tmp dirs are 0700), for sources and
-    mountpoints that ``nobody`` must reach. Its mounts are cleaned up before it is removed."""
-    base = Path(tempfile.mkdtemp(prefix="refmount-confine-", dir="/tmp"))
-    base.chmod(0o755)
-    mount.base.mkdir(parents=True, exist_ok=True)  # logs of mounts with an explicit mnt=
-    try:
-        yield base
-    finally:
-        mount.cleanup()
-        if not any(e[1].startswith(str(base) + "/") for e in mount_entries()):
-            shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -60,18 +42,6 @@ def shadow_bytes() -> bytes:
     data = SHADOW.read_bytes()
     assert len(data) >= 20, "/etc/shadow is too short to recognise"
     return data
-
-
-def mkdir_public(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o755)
-    return path
-
-
-def as_nobody(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv],
-        capture_output=True, timeout=60)
 
 
 def nobody_cat(path) -> subprocess.CompletedProcess:
@@ -110,12 +80,6 @@ def refusal_problems(m, keys, secret: bytes, eio_message: bool) -> list[str]:
         if errno_of(m / key) != errno.EIO:  # the same for root reading through the mount
             problems.append(f"{key}: root read through the mount: {errno_of(m / key)}")
     return problems
-
-
-def write_json(path: Path, obj) -> Path:
-    path.write_text(json.dumps(obj))
-    path.chmod(0o644)
-    return path
 
 
 # --- private vs shared mounts at mount time --------------------------------------------------------
@@ -243,23 +207,10 @@ def test_nobody_cannot_read_shadow_through_an_allow_other_mount(mount, public, s
     assert nobody_cat(m / "ok").returncode == 0
 
 
-def _parquet_set(root: Path, rows: list[tuple[str | None, int, int, bytes | None]]) -> None:
-    zarray = {"zarr_format": 2, "shape": [len(rows)], "chunks": [1], "dtype": "|u1",
-              "compressor": None, "filters": None, "fill_value": 0, "order": "C"}
-    write_json(root / ".zmetadata", {"metadata": {".zgroup": {"zarr_format": 2},
-                                                 "v/.zarray": zarray}, "record_size": 100})
-    mkdir_public(root / "v")
-    paths, offs, sizes, raws = zip(*rows, strict=True)
-    pq.write_table(pa.table({"path": pa.array(paths, pa.string()),
-                             "offset": pa.array(offs, pa.int64()),
-                             "size": pa.array(sizes, pa.int64()),
-                             "raw": pa.array(raws, pa.binary())}), root / "v" / "refs.0.parq")
-
-
 def test_nobody_cannot_read_shadow_through_a_parquet_chunk(mount, public, shadow_bytes):
     root = mkdir_public(public / "set.parquet")
     (root / "inside.bin").write_bytes(b"inside bytes")
-    _parquet_set(root, [
+    parquet_set(root, [
         (str(root / "inside.bin"), 0, 6, None),  # v/0: fine
         (str(SHADOW), 0, 30, None),  # v/1: a range of /etc/shadow
         (f"file://{SHADOW}", 0, 0, None),  # v/2: the whole of it

@@ -18,8 +18,8 @@ import numcodecs
 import numpy as np
 import pytest
 import xarray as xr
-from conftest import run_cli
-from datasets import write_json
+from support.datasets import write_json
+from support.mounts import run_cli
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(240)]
 
@@ -333,7 +333,7 @@ def test_python_api_takes_decode(odd_set, tmp_path):
 
 
 def test_parquet_and_version1_sets_decode(mount, shared_mounts, tmp_path):
-    from parquet_data import kerchunk_to_parquet
+    from support.parquet_data import kerchunk_to_parquet
 
     ds = shared_mounts.datasets
     refs = ds.load("nc4_local")

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import (
+from support.faultserver import FaultServer
+from support.mounts import (
     CLI,
     REPO,
     cli_env,
@@ -32,16 +33,15 @@ from conftest import (
     fusermount_u,
     is_mounted,
     opts_arg,
-    read_or_errno,
     run_cli,
     wait_gone,
 )
-from faultserver import FaultServer
+from support.paths import read_or_errno
+from support.probes import HEADER, log_lines, run_readers, stats, wait_for
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
 KiB = 1024
-HEADER = 4096  # disk-cache block header (magic, length, xxh3-128, key digest; a page)
 SLACK = 1.5  # seconds allowed on top of -o timeout= for an EIO to reach the reader
 
 
@@ -102,36 +102,6 @@ def read_eventually(path, expected: bytes, within: float = 5.0) -> bytes | int:
         if got == expected or time.monotonic() > deadline:
             return got
         time.sleep(0.2)
-
-
-def run_readers(reader, n: int, timeout: float = 60) -> None:
-    """``reader(seed)`` in ``n`` threads at once, seeds 0..n-1; returns when all are done."""
-    threads = [threading.Thread(target=reader, args=(s,)) for s in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-
-
-def stats(m) -> dict:
-    return json.loads(os.getxattr(m.path, "user.refmount.stats"))
-
-
-def log_lines(m, needle: str) -> list[str]:
-    try:
-        text = m.log.read_text(errors="replace")
-    except OSError:
-        return []
-    return [ln for ln in text.splitlines() if needle in ln]
-
-
-def wait_for(pred, timeout: float, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
 
 
 def assert_failure_logged(m, key: str, url: str) -> None:

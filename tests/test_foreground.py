@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import CLI, REPO, cli_env, daemon_procs, fusermount_u, is_mounted, wait_gone
+from support.mounts import CLI, REPO, cli_env, daemon_procs, fusermount_u, is_mounted, wait_gone
 
 sys.path.insert(0, str(REPO / "scripts"))
 

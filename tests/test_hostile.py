@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from _pytest.outcomes import Failed
-from conftest import CLI, REPO, cli_env, daemon_procs, is_mounted, opts_arg, run_cli
+from support.mounts import CLI, REPO, cli_env, daemon_procs, is_mounted, opts_arg, run_cli
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(150)]
 

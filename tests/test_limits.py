@@ -35,9 +35,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from conftest import CLI, REPO, cli_env, daemon_procs, fusermount_u, is_mounted, wait_gone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.mounts import CLI, REPO, cli_env, daemon_procs, fusermount_u, is_mounted, wait_gone
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(400)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import (
+from support.mounts import (
     CLI,
     REPO,
     cli_env,

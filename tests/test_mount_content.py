@@ -9,9 +9,9 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import implied_dirs, walk
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.paths import implied_dirs, walk
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 

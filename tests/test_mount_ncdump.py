@@ -13,7 +13,7 @@ import subprocess
 import netCDF4
 import numpy as np
 import pytest
-from datasets import NCDUMP_VALUE_VARS
+from support.datasets import NCDUMP_VALUE_VARS
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 

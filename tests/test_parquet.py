@@ -18,13 +18,14 @@ import stat
 from pathlib import Path
 
 import numpy as np
-import parquet_data as pdata
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import xarray as xr
 import zarr
-from conftest import _LIVE, Mounter, fusermount_u, implied_dirs, is_mounted, walk
+from support import parquet_data as pdata
+from support.mounts import LIVE_MOUNTERS, Mounter, fusermount_u, is_mounted
+from support.paths import implied_dirs, walk
 
 pytestmark = [
     pytest.mark.fuse,
@@ -89,7 +90,7 @@ def parquet_types(root: Path) -> dict[str, set[str]]:
 def pq_mounts(tmp_path_factory):
     """Module-wide mounts for read-only checks (unmounted at the end of the module)."""
     mounter = Mounter(tmp_path_factory.mktemp("pq-mounts"))
-    _LIVE.append(mounter)
+    LIVE_MOUNTERS.append(mounter)
     cache: dict[str, object] = {}
 
     def get(source: Path | str):
@@ -101,7 +102,7 @@ def pq_mounts(tmp_path_factory):
     try:
         yield get
     finally:
-        _LIVE.remove(mounter)
+        LIVE_MOUNTERS.remove(mounter)
         for m in mounter.mounts:  # unmount all first: the daemons then exit in parallel
             m.refresh_procs()
             if is_mounted(m.path):

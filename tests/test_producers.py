@@ -1,4 +1,4 @@
-"""The producers' corpus (tests/producers.py) through the mount, against fsspec's
+"""The producers' corpus (tests/support/producers.py) through the mount, against fsspec's
 ``ReferenceFileSystem`` reading the same reference set:
 
 - the mount lists exactly the keys fsspec lists (its mapper's keys: a leading '/' dropped),
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
-from conftest import walk
-from producers import Case, build_corpus
+from support.paths import walk
+from support.producers import Case, build_corpus
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
 

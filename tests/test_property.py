@@ -15,9 +15,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import _LIVE, Mounter, is_mounted
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.mounts import LIVE_MOUNTERS, Mounter, is_mounted
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(200)]
 
@@ -125,7 +125,7 @@ def test_find_stat_cat_agree_with_the_reference_set(workdir, refs, version):
     dirs = {"/".join(k.split("/")[:i]) for k in refs for i in range(1, k.count("/") + 1)}
 
     mounter = Mounter(ex / "mounts")
-    _LIVE.append(mounter)
+    LIVE_MOUNTERS.append(mounter)
     try:
         m = mounter(src, "no_disk_cache")
         (daemon,) = [p for p in m.procs if "refmount.daemon" in " ".join(p.cmdline())]
@@ -174,6 +174,6 @@ def test_find_stat_cat_agree_with_the_reference_set(workdir, refs, version):
         assert "Traceback" not in log and " raised" not in log, log[-3000:]
         assert "read failed" not in log, log[-3000:]
     finally:
-        _LIVE.remove(mounter)
+        LIVE_MOUNTERS.remove(mounter)
         problems = mounter.cleanup()
         assert not problems, problems

@@ -17,9 +17,10 @@ import re
 import fsspec
 import ijson
 import pytest
-from conftest import run_cli, walk
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.mounts import run_cli
+from support.paths import walk
 
 from refmount.refs.nonfinite import NonFiniteFilter, filtered
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_faults import HEADER, log_lines, run_readers, stats, wait_for
+from support.probes import HEADER, log_lines, run_readers, stats, wait_for
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 

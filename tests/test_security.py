@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 import trio
-from conftest import run_cli
-from test_confinement import _parquet_set, as_nobody, mkdir_public, public, write_json
+from support.confinement import as_nobody, mkdir_public, parquet_set, write_json
+from support.mounts import run_cli
 
 from refmount.cache import DiskCache, MemoryLRU, aligned_buffer, round_up
 from refmount.errors import FetchError
@@ -36,8 +36,6 @@ from refmount.reader import RefReader
 from refmount.redact import redact_url
 from refmount.refs import Ref, RefKind
 from refmount.stats import Stats
-
-__all__ = ["public"]  # the fixture, imported for the tests below
 
 pytestmark = pytest.mark.timeout(120)
 fuse = pytest.mark.fuse
@@ -266,7 +264,7 @@ def test_forbidden_parquet_target_is_never_served_from_the_disk_cache(mount, pub
     cache = public / "cache"
     private = public / "private.parquet"
     private.mkdir()
-    _parquet_set(private, [(str(secret), 0, 64, None)])
+    parquet_set(private, [(str(secret), 0, 64, None)])
     p = mount(private, f"cache_dir={cache}")
     assert (p / "v/0").read_bytes() == SECRET[:64]
     p.cleanup()
@@ -274,7 +272,7 @@ def test_forbidden_parquet_target_is_never_served_from_the_disk_cache(mount, pub
 
     shared = mkdir_public(public / "shared.parquet")
     (shared / "inside.bin").write_bytes(b"inside")
-    _parquet_set(shared, [(str(secret), 0, 64, None), (str(shared / "inside.bin"), 0, 6, None)])
+    parquet_set(shared, [(str(secret), 0, 64, None), (str(shared / "inside.bin"), 0, 6, None)])
     s = mount(shared, "allow_other", f"cache_dir={cache}", mnt=mkdir_public(public / "mnt"))
     r = as_nobody("cat", str(s / "v/0"))
     assert b"SECRET" not in r.stdout and r.returncode != 0, f"nobody read {r.stdout[:40]!r}"

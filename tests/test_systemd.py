@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from admin_support import (
+from support.admin import (
     INSTALLED_VENV,
     SUBREAPER,
     SYSTEMD_DIR,
@@ -41,7 +41,7 @@ from admin_support import (
     unit_values,
     write_hand_set,
 )
-from conftest import CLI, cli_env, daemon_procs, is_mounted, mount_entry, opts_arg, wait_gone
+from support.mounts import CLI, cli_env, daemon_procs, is_mounted, mount_entry, opts_arg, wait_gone
 
 from refmount.config import ConfigError, MountConfig, apply_options, split_options
 
@@ -163,7 +163,7 @@ def test_notify_abstract_socket(mount, hand, tmp_path):
     """``NOTIFY_SOCKET=@name`` (abstract namespace, as systemd uses in containers) works too."""
     import socket as socketlib
 
-    from admin_support import _UCRED
+    from support.admin import UCRED
 
     name = f"refmount-test-{os.getpid()}-{time.monotonic_ns()}"
     sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_DGRAM)
@@ -176,10 +176,10 @@ def test_notify_abstract_socket(mount, hand, tmp_path):
                             stderr=subprocess.DEVNULL, env={**cli_env(), "NOTIFY_SOCKET": "@" + name})
     m.procs.append(psutil.Process(proc.pid))
     try:
-        data, anc, _f, _a = sock.recvmsg(4096, socketlib.CMSG_SPACE(_UCRED.size))
+        data, anc, _f, _a = sock.recvmsg(4096, socketlib.CMSG_SPACE(UCRED.size))
         assert os.stat(m.path).st_ino == 1
         assert data.split(b"\n")[0] == b"READY=1"
-        assert _UCRED.unpack(anc[0][2][: _UCRED.size])[0] == proc.pid
+        assert UCRED.unpack(anc[0][2][: UCRED.size])[0] == proc.pid
         proc.send_signal(signal.SIGTERM)
         assert sock.recv(4096) == b"STOPPING=1"
         assert proc.wait(timeout=20) == 0

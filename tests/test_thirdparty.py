@@ -23,9 +23,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import xarray as xr
-from conftest import read_or_errno, walk
-from datasets import write_json
-from servers import free_port
+from support.datasets import write_json
+from support.paths import read_or_errno, walk
+from support.servers import free_port
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 

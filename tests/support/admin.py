@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SYSTEMD_DIR = REPO / "systemd"
 INSTALL_SH = REPO / "scripts" / "install.sh"
 INSTALL_PREFIX = Path("/opt/refmount")
@@ -175,7 +175,7 @@ class SyslogSocket:
 
 # --- systemd's notify protocol ------------------------------------------------------------------
 
-_UCRED = struct.Struct("3i")  # pid, uid, gid
+UCRED = struct.Struct("3i")  # pid, uid, gid
 
 
 @dataclass
@@ -207,7 +207,7 @@ class NotifySocket:
         ready, _, _ = select.select([self.sock], [], [], max(timeout, 0.0))
         if not ready:
             return None
-        data, ancdata, _flags, _addr = self.sock.recvmsg(65536, socket.CMSG_SPACE(_UCRED.size))
+        data, ancdata, _flags, _addr = self.sock.recvmsg(65536, socket.CMSG_SPACE(UCRED.size))
         note = Notification({}, -1, time.monotonic())
         if self.stat_path is not None:
             try:
@@ -216,7 +216,7 @@ class NotifySocket:
                 note.root_stat_error = f"{type(e).__name__}: {e}"
         for level, kind, payload in ancdata:
             if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-                note.pid = _UCRED.unpack(payload[: _UCRED.size])[0]
+                note.pid = UCRED.unpack(payload[: UCRED.size])[0]
         for line in data.decode(errors="replace").split("\n"):
             if "=" in line:
                 k, _, v = line.partition("=")

@@ -33,7 +33,7 @@
 
 Standalone use (serves DIR without faults until Ctrl-C)::
 
-    python tests/faultserver.py DIR
+    python tests/support/faultserver.py DIR
 """
 
 from __future__ import annotations

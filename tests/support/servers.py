@@ -10,7 +10,7 @@ can check that options such as ``remote_options`` reach the HTTP requests.
 
 Standalone use (for a quick manual check)::
 
-    python tests/servers.py DIR        # serves DIR until Ctrl-C
+    python tests/support/servers.py DIR       # serves DIR until Ctrl-C
 """
 
 from __future__ import annotations

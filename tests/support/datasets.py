@@ -26,7 +26,7 @@ target, ``[url, off, len]`` that range of it (http URLs are mapped back to the l
 
 Standalone use::
 
-    python tests/datasets.py DIR       # builds DIR and prints a summary
+    python tests/support/datasets.py DIR     # builds DIR and prints a summary
 """
 
 from __future__ import annotations

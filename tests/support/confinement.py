@@ -1,0 +1,44 @@
+"""Shared (``allow_other``) mounts seen by another user: directories every user can traverse,
+commands run as ``nobody``, reference sets written readable by all."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+NOBODY = 65534
+
+
+def mkdir_public(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o755)
+    return path
+
+
+def as_nobody(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv],
+        capture_output=True, timeout=60)
+
+
+def write_json(path: Path, obj) -> Path:
+    path.write_text(json.dumps(obj))
+    path.chmod(0o644)
+    return path
+
+
+def parquet_set(root: Path, rows: list[tuple[str | None, int, int, bytes | None]]) -> None:
+    zarray = {"zarr_format": 2, "shape": [len(rows)], "chunks": [1], "dtype": "|u1",
+              "compressor": None, "filters": None, "fill_value": 0, "order": "C"}
+    write_json(root / ".zmetadata", {"metadata": {".zgroup": {"zarr_format": 2},
+                                                 "v/.zarray": zarray}, "record_size": 100})
+    mkdir_public(root / "v")
+    paths, offs, sizes, raws = zip(*rows, strict=True)
+    pq.write_table(pa.table({"path": pa.array(paths, pa.string()),
+                             "offset": pa.array(offs, pa.int64()),
+                             "size": pa.array(sizes, pa.int64()),
+                             "raw": pa.array(raws, pa.binary())}), root / "v" / "refs.0.parq")
