@@ -234,6 +234,7 @@ class RefFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = self._next_fh
         self._next_fh += 1
+        began = trio.current_time()
         ref = await self.tree.ref(node)
         array = self.tree.array(node) if isinstance(self.tree, DecodedTree) else None
         key = self.tree.path(node).decode("utf-8", "surrogateescape") if array is not None else ""
@@ -262,6 +263,9 @@ class RefFS(pyfuse3.Operations):
         self._opened[inode] = others + 1
         if data is not None and self.pusher is not None:
             self.pusher.push(inode, data)
+        if log.isEnabledFor(logging.DEBUG):  # scripts/inflight.py draws the timeline from these
+            log.debug("open ino %d: pushed %d bytes, began %.6f, took %.6f s", inode,
+                      0 if data is None else len(data), began, trio.current_time() - began)
         # The bytes never change: let the kernel keep its page cache across opens.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
@@ -271,6 +275,7 @@ class RefFS(pyfuse3.Operations):
         if h is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         self.stats.reads += 1
+        began = trio.current_time()
         try:
             if h.array is not None:
                 assert self.decoder is not None
@@ -289,6 +294,9 @@ class RefFS(pyfuse3.Operations):
         self.stats.bytes_read += len(data)
         if self.pusher is not None:
             self.pusher.given(h.node.ino)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("read ino %d bytes %d-%d: began %.6f, took %.6f s", h.node.ino, off, off + size,
+                      began, trio.current_time() - began)
         return data
 
     async def _settle(self, node: Node, ref: Ref) -> None:
