@@ -91,6 +91,7 @@ class RefReader:
         self.readahead = TargetReadahead(
             fetcher, stats, capacity=min(max(2 * max_readahead, 16 * 2**20), memory.capacity),
             max_window=max_readahead, grid=block_size, on_block=self._grid_to_disk,
+            links=fetcher.links,
         )
         # Per target: the grid block keys were last served from, and up to which block
         # the disk has been read ahead.
