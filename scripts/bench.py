@@ -998,21 +998,8 @@ class Bench:
                             {"refs": str(self.refs_path), "mode": "batch", "prefix": "a/", "n": self.n64})
 
     def zarr_copy(self, arr: str) -> Path:
-        """The array's keys as files in a tmpfs directory (metadata inline, chunks cut from the
-        served file): the local peer of the zarr rows."""
-        root = Path(tempfile.mkdtemp(prefix="refmount-bench-zarr-", dir="/dev/shm"))
-        refs = json.loads(self.refs_path.read_text())
-        (root / arr).mkdir()
-        with open(self.data, "rb") as f:
-            for key, value in refs.items():
-                if not key.startswith(f"{arr}/"):
-                    continue
-                out = root / key
-                if isinstance(value, str):
-                    out.write_text(value)
-                else:
-                    out.write_bytes(os.pread(f.fileno(), value[2], value[1]))
-        return root
+        """The array's keys as files in a tmpfs directory: the local peer of the zarr rows."""
+        return bl.zarr_copy(self.refs_path, self.data, arr)
 
     def fam_zarr(self, arr: str) -> None:
         cold, warm = f"zarr_{arr}_cold", f"zarr_{arr}_warm"
