@@ -7,7 +7,8 @@ the reader waiting a round trip per window. ``LinkEstimate`` fits ``seconds = la
 bytes / bandwidth`` to the last requests of a host (least squares over their sizes and
 times), and ``window`` sizes the bytes kept ahead of a reader from it: enough requests in
 flight to stream at ``PARALLEL`` times one request's bandwidth while each waits out its
-latency -- ``PARALLEL x (bandwidth-delay product + request)``.
+latency -- ``PARALLEL x bandwidth-delay product + one request``. On a fast link (BDP near
+zero) that is one request: the window then grows only as the reader shows it needs more.
 
 Requests stay small (the caller's grid block): for a window of a given size, more smaller
 requests in flight deliver sooner than fewer large ones, since each waits its latency only
@@ -70,11 +71,11 @@ class LinkEstimate:
 
     def window(self, piece: int, lo: int, hi: int) -> int:
         """Bytes to keep ahead of a reader reading through requests of ``piece`` bytes:
-        ``PARALLEL x (BDP + piece)``, in [lo, hi] (``lo`` without an estimate)."""
+        ``PARALLEL x BDP + piece``, in [lo, hi] (``lo`` without an estimate)."""
         bdp = self.bdp()
         if bdp is None:
             return min(lo, hi)
-        return max(lo, min(self.PARALLEL * (bdp + piece), hi))
+        return max(lo, min(self.PARALLEL * bdp + piece, hi))
 
 
 class LinkEstimates:

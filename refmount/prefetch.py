@@ -186,8 +186,11 @@ class TargetReadahead:
         # bytes in flight; otherwise a request only tops it up.
         grow = lead < run.window // 2 or run.waited
         run.waited = False
+        # The first window is the chunk-sized one: a few keys in order by chance (a random
+        # reader) cost no more than before; from the second on it covers the link.
         run.window = min(max(run.window * 2 if grow else run.window, self.FIRST_WINDOW, 8 * span,
-                             link.window(piece, 0, self.max_window)), self.max_window)
+                             link.window(piece, 0, self.max_window) if run.window else 0),
+                         self.max_window)
         target = run.end + run.window
         stretches = self._stretches.setdefault(url, [])
         while ahead < target:

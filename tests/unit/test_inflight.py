@@ -27,9 +27,9 @@ def test_fit_separates_latency_from_bandwidth() -> None:
     assert latency == pytest.approx(0.02)
     assert bandwidth == pytest.approx(100e6)
     assert link.bdp() == pytest.approx(2e6, rel=1e-6)
-    # PARALLEL x (BDP + request), within the bounds
-    assert link.window(4 * MiB, 0, 1 << 40) == pytest.approx(link.PARALLEL * (2e6 + 4 * MiB), rel=1e-6)
-    assert link.window(4 * MiB, 0, 16 * MiB) == 16 * MiB
+    # PARALLEL x BDP + one request, within the bounds
+    assert link.window(4 * MiB, 0, 1 << 40) == pytest.approx(link.PARALLEL * 2e6 + 4 * MiB, rel=1e-6)
+    assert link.window(4 * MiB, 0, 8 * MiB) == 8 * MiB
     assert link.window(4 * MiB, 64 * MiB, 1 << 40) == 64 * MiB
 
 
