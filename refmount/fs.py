@@ -168,6 +168,7 @@ class RefFS(pyfuse3.Operations):
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
         self.stats.lookups += 1
+        began = trio.current_time()
         parent = self._node(parent_inode)
         node = await self.tree.lookup(parent, name)
         if node is None:
@@ -175,7 +176,10 @@ class RefFS(pyfuse3.Operations):
             miss.st_ino = 0  # a negative entry the kernel may cache: the set never changes
             miss.entry_timeout = self.timeout
             return miss
-        return await self._node_attr(node)
+        attr = await self._node_attr(node)
+        if log.isEnabledFor(logging.DEBUG):  # scripts/inflight.py
+            log.debug("lookup ino %d: began %.6f, took %.6f s", node.ino, began, trio.current_time() - began)
+        return attr
 
     @_guard
     async def getattr(self, inode: int, ctx: Any) -> pyfuse3.EntryAttributes:
@@ -366,6 +370,8 @@ class RefFS(pyfuse3.Operations):
             await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino, False)
 
     async def release(self, fh: int) -> None:
+        if log.isEnabledFor(logging.DEBUG):  # scripts/inflight.py
+            log.debug("release fh %d: began %.6f, took 0 s", fh, trio.current_time())
         h = self._handles.pop(fh, None)
         if h is not None:
             self.stats.open_files -= 1

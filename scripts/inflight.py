@@ -2,8 +2,9 @@
 """What a mount had in flight over time, from its debug log (``-o log=FILE,log_level=debug``).
 
 The daemon logs, at debug level, each request to a target (``request URL bytes A-B: N
-bytes, began T, took D s``), each OPEN (``open ino I: pushed N bytes, began T, took D s``)
-and each READ (``read ino I bytes A-B: began T, took D s``), on the trio clock. This prints,
+bytes, began T, took D s``), each LOOKUP, each OPEN (``open ino I: pushed N bytes, began T,
+took D s``), each READ (``read ino I bytes A-B: began T, took D s``) and each RELEASE, on the
+trio clock. This prints,
 per time slice, how many requests were in flight and how many bytes they carried, how many
 OPENs and READs were waiting, and a summary: requests by size, time spent in each kind of
 operation, and the share of the run with no request in flight.
@@ -23,11 +24,13 @@ from collections import Counter
 REQUEST = re.compile(r"request \S+ bytes (\d+)-(\d+): (\d+) bytes, began ([\d.]+), took ([\d.]+) s")
 OPEN = re.compile(r"open ino (\d+): pushed (\d+) bytes, began ([\d.]+), took ([\d.]+) s")
 READ = re.compile(r"read ino (\d+) bytes (\d+)-(\d+): began ([\d.]+), took ([\d.]+) s")
+OTHER = re.compile(r"(lookup|release) (?:ino|fh) \d+: began ([\d.]+), took ([\d.]+) s")
 
 
 def parse(path: str) -> dict[str, list[tuple[float, float, int]]]:
     """Per kind, (began, ended, bytes) of each operation."""
-    out: dict[str, list[tuple[float, float, int]]] = {"request": [], "open": [], "read": []}
+    out: dict[str, list[tuple[float, float, int]]] = {"request": [], "lookup": [], "open": [], "read": [],
+                                                      "release": []}
     with open(path, errors="replace") as f:
         for line in f:
             if (m := REQUEST.search(line)) is not None:
@@ -39,6 +42,9 @@ def parse(path: str) -> dict[str, list[tuple[float, float, int]]]:
             elif (m := READ.search(line)) is not None:
                 t0, d = float(m[4]), float(m[5])
                 out["read"].append((t0, t0 + d, int(m[3]) - int(m[2])))
+            elif (m := OTHER.search(line)) is not None:
+                t0, d = float(m[2]), float(m[3])
+                out[m[1]].append((t0, t0 + d, 0))
     return out
 
 
