@@ -34,6 +34,7 @@ from fsspec.spec import AbstractFileSystem
 
 from . import localfile
 from .errors import FetchError
+from .inflight import LinkEstimates
 from .policy import TargetPolicy
 from .redact import redact_url
 from .singleflight import Flight
@@ -243,6 +244,7 @@ class Fetcher:
         self._queued: dict[str, list[_Wanted]] = {}
         self._busy: dict[str, int] = {}  # requests in flight per target
         self._freed: dict[str, trio.Event] = {}  # set when one of them completes
+        self.links = LinkEstimates()  # latency and bandwidth per host, for readahead
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Where merged requests run (the daemon's nursery); merging is off without one."""
@@ -456,9 +458,14 @@ class Fetcher:
                 raise ShortRead(f"got {len(data)} bytes, expected {want}")
             return bytes(data)
 
+        began = trio.current_time()
         data = await self._with_retries(url, f"bytes {start}-{end}", op)
         self.stats.requests += 1
         self.stats.bytes_fetched += len(data)
+        self.links.of(url).observe(len(data), trio.current_time() - began)
+        if log.isEnabledFor(logging.DEBUG):  # scripts/inflight.py draws the timeline from these
+            log.debug("request %s bytes %d-%d: %d bytes, began %.6f, took %.6f s",
+                      redact_url(url), start, end, len(data), began, trio.current_time() - began)
         return data
 
     async def size(self, url: str) -> int:

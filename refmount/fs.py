@@ -169,6 +169,7 @@ class RefFS(pyfuse3.Operations):
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
         self.stats.lookups += 1
+        began = trio.current_time()
         parent = self._node(parent_inode)
         node = await self.tree.lookup(parent, name)
         if node is None:
@@ -176,7 +177,10 @@ class RefFS(pyfuse3.Operations):
             miss.st_ino = 0  # a negative entry the kernel may cache: the set never changes
             miss.entry_timeout = self.timeout
             return miss
-        return await self._node_attr(node)
+        attr = await self._node_attr(node)
+        if log.isEnabledFor(logging.DEBUG):  # scripts/inflight.py
+            log.debug("lookup ino %d: began %.6f, took %.6f s", node.ino, began, trio.current_time() - began)
+        return attr
 
     @_guard
     async def getattr(self, inode: int, ctx: Any) -> pyfuse3.EntryAttributes:
@@ -235,6 +239,7 @@ class RefFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = self._next_fh
         self._next_fh += 1
+        began = trio.current_time()
         ref = await self.tree.ref(node)
         array = self.tree.array(node) if isinstance(self.tree, DecodedTree) else None
         key = self.tree.path(node).decode("utf-8", "surrogateescape") if array is not None else ""
@@ -263,6 +268,9 @@ class RefFS(pyfuse3.Operations):
         self._opened[inode] = others + 1
         if data is not None and self.pusher is not None:
             self.pusher.push(inode, data)
+        if log.isEnabledFor(logging.DEBUG):  # scripts/inflight.py draws the timeline from these
+            log.debug("open ino %d: pushed %d bytes, began %.6f, took %.6f s", inode,
+                      0 if data is None else len(data), began, trio.current_time() - began)
         # The bytes never change: let the kernel keep its page cache across opens.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
@@ -272,6 +280,7 @@ class RefFS(pyfuse3.Operations):
         if h is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         self.stats.reads += 1
+        began = trio.current_time()
         try:
             if h.array is not None:
                 assert self.decoder is not None
@@ -288,6 +297,9 @@ class RefFS(pyfuse3.Operations):
         self.stats.bytes_read += len(data)
         if self.pusher is not None:
             self.pusher.given(h.node.ino)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("read ino %d bytes %d-%d: began %.6f, took %.6f s", h.node.ino, off, off + size,
+                      began, trio.current_time() - began)
         return data
 
     async def _settle(self, node: Node, ref: Ref) -> None:
@@ -361,6 +373,8 @@ class RefFS(pyfuse3.Operations):
             await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino, False)
 
     async def release(self, fh: int) -> None:
+        if log.isEnabledFor(logging.DEBUG):  # scripts/inflight.py
+            log.debug("release fh %d: began %.6f, took 0 s", fh, trio.current_time())
         h = self._handles.pop(fh, None)
         if h is not None:
             self.stats.open_files -= 1

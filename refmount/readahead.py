@@ -47,6 +47,7 @@ import trio
 
 from .blockstore import BlockKey
 from .cache import round_up
+from .inflight import LinkEstimates
 from .lru import LRU
 from .singleflight import Flight
 from .stats import Stats
@@ -178,7 +179,7 @@ class GridReadahead:
 
 
 class _Run:
-    __slots__ = ("ahead", "end", "stopped", "streak", "window")
+    __slots__ = ("ahead", "end", "stopped", "streak", "waited", "window")
 
     def __init__(self, end: int) -> None:
         self.end = end  # furthest byte read on demand (or from a prefetched stretch)
@@ -186,6 +187,7 @@ class _Run:
         self.ahead = 0  # prefetched (or being prefetched) up to here
         self.window = 0
         self.stopped = False
+        self.waited = False  # a reader waited for a stretch in flight: the window is too small
 
 
 class _Stretch(Flight[bytes]):
@@ -225,6 +227,7 @@ class TargetReadahead:
         max_window: int,
         grid: int,
         on_block: Callable[[str, int, memoryview], None] | None = None,
+        links: LinkEstimates | None = None,
     ) -> None:
         self.fetcher = fetcher
         self.stats = stats
@@ -236,6 +239,9 @@ class TargetReadahead:
         self._stretches: dict[str, list[_Stretch]] = {}  # per target, sorted by start
         self._fifo: deque[tuple[str, _Stretch]] = deque()
         self._size = 0
+        # Latency and bandwidth per host (the fetcher's, fed by every request): they size
+        # the window behind a slow link.
+        self.links = links if links is not None else LinkEstimates()
 
     async def lookup(self, url: str, start: int, end: int) -> tuple[memoryview | bytes, bool] | None:
         """Bytes [start, end) of ``url`` from prefetched stretches, if they cover them (waiting
@@ -246,6 +252,8 @@ class TargetReadahead:
             return None
         for stretch in cover:
             if stretch.result is None:
+                if (run := self._runs.get(url)) is not None:
+                    run.waited = True
                 await stretch.done.wait()
         return self._join(cover, start, end)
 
@@ -311,16 +319,28 @@ class TargetReadahead:
 
     def _extend(self, url: str, run: _Run, nursery: trio.Nursery, span: int) -> None:
         ahead = max(run.ahead, run.end)
-        if ahead - run.end >= run.window // 2 and run.window:
-            return  # still well ahead of the reader
+        link = self.links.of(url)
+        piece = min(self.grid, self.REQUEST_LIMIT)  # small requests, many in flight (inflight.py)
+        lead = ahead - run.end
+        if run.window and lead >= run.window // 2 and lead + piece > run.window:
+            return  # well ahead of the reader, and a whole request more would pass the window
         # Big chunks start with a bigger window: readers (zarr) fetch several at once, and a
-        # window of a chunk or two would fall behind them at once.
-        run.window = min(max(run.window * 2, self.FIRST_WINDOW, 8 * span), self.max_window)
+        # window of a chunk or two would fall behind them at once. Behind latency, the window
+        # covers several requests in flight, each about a bandwidth-delay product.
+        # The window doubles while the reader catches up (within half of it) or waits for
+        # bytes in flight; otherwise a request only tops it up.
+        grow = lead < run.window // 2 or run.waited
+        run.waited = False
+        # The first window is the chunk-sized one: a few keys in order by chance (a random
+        # reader) cost no more than before; from the second on it covers the link.
+        run.window = min(max(run.window * 2 if grow else run.window, self.FIRST_WINDOW, 8 * span,
+                             link.window(piece, 0, self.max_window) if run.window else 0),
+                         self.max_window)
         target = run.end + run.window
         stretches = self._stretches.setdefault(url, [])
         while ahead < target:
             # End on the grid: every stretch after the first is whole grid blocks.
-            stop = (ahead + self.REQUEST_LIMIT) // self.grid * self.grid
+            stop = (ahead + piece) // self.grid * self.grid
             if stop <= ahead:
                 stop = round_up(ahead + 1, self.grid)
             stretch = _Stretch(ahead, stop, round_up(ahead, self.grid))

@@ -67,6 +67,7 @@ class RefReader:
         self.readahead = TargetReadahead(
             fetcher, stats, capacity=min(max(2 * max_readahead, 16 * 2**20), memory.capacity),
             max_window=max_readahead, grid=block_size, on_block=self._grid_to_disk,
+            links=fetcher.links,
         )
         self.handle_readahead = HandleReadahead(block_size, max_readahead)
         self.grid_readahead = GridReadahead(block_size, max_readahead)

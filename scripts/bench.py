@@ -61,6 +61,8 @@ Usage:
     .venv/bin/python scripts/bench.py --quick         # smoke run (256 MiB, 2,000 + 256 refs)
     .venv/bin/python scripts/bench.py --quick --peers refmount --workloads f64 --readers 8
     .venv/bin/python scripts/bench.py --profile       # + py-spy profiles of the refmount daemon
+    .venv/bin/python scripts/bench.py --latency 20 [--bandwidth 100m]
+                      # behind a server answering each request 20 ms late: scripts/bench_latency.py
 """
 
 from __future__ import annotations
@@ -996,21 +998,8 @@ class Bench:
                             {"refs": str(self.refs_path), "mode": "batch", "prefix": "a/", "n": self.n64})
 
     def zarr_copy(self, arr: str) -> Path:
-        """The array's keys as files in a tmpfs directory (metadata inline, chunks cut from the
-        served file): the local peer of the zarr rows."""
-        root = Path(tempfile.mkdtemp(prefix="refmount-bench-zarr-", dir="/dev/shm"))
-        refs = json.loads(self.refs_path.read_text())
-        (root / arr).mkdir()
-        with open(self.data, "rb") as f:
-            for key, value in refs.items():
-                if not key.startswith(f"{arr}/"):
-                    continue
-                out = root / key
-                if isinstance(value, str):
-                    out.write_text(value)
-                else:
-                    out.write_bytes(os.pread(f.fileno(), value[2], value[1]))
-        return root
+        """The array's keys as files in a tmpfs directory: the local peer of the zarr rows."""
+        return bl.zarr_copy(self.refs_path, self.data, arr)
 
     def fam_zarr(self, arr: str) -> None:
         cold, warm = f"zarr_{arr}_cold", f"zarr_{arr}_warm"
@@ -1328,7 +1317,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prune-data", action="store_true",
                    help="delete served files of other sizes in the work dir")
     p.add_argument("--json", default=None, help="also write the results as JSON to this file")
+    p.add_argument("--latency", default=None, help="ms before each response's first byte, e.g. 20 or "
+                   "0,20,50: runs the latency table of scripts/bench_latency.py (zarr 64K/1M/8M chunks and "
+                   "the whole file; refmount, fsspec in-process, fsspec.fuse, curl) instead")
+    p.add_argument("--bandwidth", default=None,
+                   help="with --latency: nginx limit_rate per response, e.g. 100m")
     a = p.parse_args(argv)
+    if a.bandwidth is not None and a.latency is None:
+        p.error("--bandwidth goes with --latency")
     a.size_bytes = parse_size(a.size or ("256M" if a.quick else "2G"))
     a.files64k = a.files64k or (2000 if a.quick else 10000)
     a.files1m = a.files1m or (256 if a.quick else 1024)
@@ -1352,6 +1348,15 @@ def main(argv: list[str]) -> int:
     if len(argv) >= 3 and argv[0] == "_child":
         return bl.child_main(argv[1], argv[2])
     args = parse_args(argv)
+    if args.latency is not None:
+        import bench_latency
+
+        more = ["--latencies", args.latency]
+        for flag, value in (("--bandwidth", args.bandwidth), ("--size", args.size),
+                            ("--refmount-opts", args.refmount_opts or None)):
+            if value is not None:
+                more += [flag, value]
+        return bench_latency.main(more)
     bench = Bench(args)
     command = shlex.join([PY, *sys.argv])
 

@@ -15,7 +15,9 @@ read of the whole file (1 MiB reads). Columns:
 * fsspec in-process -- zarr over ``fsspec.get_mapper("reference://x", asynchronous=True)``;
   for the whole file ``ReferenceFileSystem.open().read(1 MiB)``;
 * fsspec.fuse -- ``fsspec.fuse.run`` over ``ReferenceFileSystem`` (fusepy, single-threaded);
-* curl -- the whole file in one request (whole-file row only).
+* curl -- the whole file in one request (whole-file row only);
+* tmpfs -- zarr over a copy of the array's files in ``/dev/shm`` (zarr rows only): what the
+  machine's reader gets with no network and no FUSE at all, the bound of the zarr rows.
 
 Each cell is the median of ``--repeat`` cold passes, in MB/s (10^6 bytes/s); every zarr pass
 checks the array against the file. A pass longer than ``--timeout`` shows "timeout".
@@ -51,9 +53,9 @@ from refmount.config import parse_size
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 BENCH = str(Path(__file__).resolve().parent / "bench.py")  # its ``_child`` entry point runs readers
-PEERS = ["refmount", "inproc", "fsspec-fuse", "curl"]
+PEERS = ["refmount", "inproc", "fsspec-fuse", "curl", "tmpfs"]
 TITLES = {"refmount": "refmount", "inproc": "fsspec in-process", "fsspec-fuse": "fsspec.fuse",
-          "curl": "curl"}
+          "curl": "curl", "tmpfs": "zarr on tmpfs"}
 
 
 def human(n: int) -> str:
@@ -153,6 +155,16 @@ class Run:
             r = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{size_download}", url],
                                capture_output=True, text=True, timeout=timeout)
             return int(r.stdout or 0) / (time.perf_counter() - t0) / 1e6
+        if peer == "tmpfs":
+            if chunk is None:
+                raise Failed("—")
+            root = bl.zarr_copy(refs, self.data, "x")
+            try:
+                res = child("zarr", {"store": "mount", "root": str(root), "array": "x", "passes": 1,
+                                     "local": str(self.data)}, timeout)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+            return res["bytes"] / res["elapsed"] / 1e6
         if peer == "inproc":
             if chunk is None:
                 res = child("inproc", {"refs": str(refs), "mode": "seq", "passes": 1}, timeout)

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -720,6 +721,26 @@ def child_inproc(spec: dict[str, Any]) -> None:
                               lambda i, prefix=prefix: len(fs.cat_file(f"{prefix}{i}")))
         res["pass"] = p
         emit(res)
+
+
+def zarr_copy(refs_path: Path, data: Path, arr: str) -> Path:
+    """The keys of array ``arr`` of a Version 0/1 reference set as files in a new tmpfs
+    directory (metadata inline, chunks cut from ``data``, the served file): zarr reading it
+    is the local peer of a mount."""
+    root = Path(tempfile.mkdtemp(prefix="refmount-bench-zarr-", dir="/dev/shm"))
+    refs = json.loads(refs_path.read_text())
+    refs = refs.get("refs", refs)
+    (root / arr).mkdir()
+    with open(data, "rb") as f:
+        for key, value in refs.items():
+            if not key.startswith(f"{arr}/"):
+                continue
+            out = root / key
+            if isinstance(value, str):
+                out.write_text(value)
+            else:
+                out.write_bytes(os.pread(f.fileno(), value[2], value[1]))
+    return root
 
 
 def child_zarr(spec: dict[str, Any]) -> None:

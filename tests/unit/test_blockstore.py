@@ -12,6 +12,7 @@ import trio.testing
 from refmount.blockstore import BlockKey, BlockStore
 from refmount.cache import MemoryLRU
 from refmount.fetch import FetchError, PastEnd
+from refmount.inflight import LinkEstimates
 from refmount.reader import ReadState, RefReader
 from refmount.refs import Ref, RefKind
 from refmount.stats import Stats
@@ -41,6 +42,7 @@ class FakeFetcher:
         self.latency = latency
         self.requests: list[tuple[int, int]] = []
         self.fail: BaseException | None = None
+        self.links = LinkEstimates()  # as the Fetcher's: what readahead sizes its window from
         self.policy = NoPolicy()
 
     async def cat_range(self, url: str, start: int, end: int, *, upto: bool = False) -> bytes:
