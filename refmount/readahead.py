@@ -320,7 +320,7 @@ class TargetReadahead:
     def _extend(self, url: str, run: _Run, nursery: trio.Nursery, span: int) -> None:
         ahead = max(run.ahead, run.end)
         link = self.links.of(url)
-        piece = min(self.grid, self.REQUEST_LIMIT)  # small requests, many in flight (inflight.py)
+        piece = self.REQUEST_LIMIT  # one request (inflight.py: why not smaller ones)
         lead = ahead - run.end
         if run.window and lead >= run.window // 2 and lead + piece > run.window:
             return  # well ahead of the reader, and a whole request more would pass the window

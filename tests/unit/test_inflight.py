@@ -133,12 +133,12 @@ def simulate(order: list[int], chunk: int, *, readers: int = 10, latency: float 
 def test_behind_latency_several_requests_are_in_flight_and_bounded(latency: float) -> None:
     misses, link, ra, _ = simulate(list(range(256)), MiB, latency=latency, max_window=32 * MiB)
     assert misses <= 8
-    # several readahead requests at once (one request per 4 MiB grid block)
-    assert link.peak >= 6, link.peak
-    assert all(e - s <= 4 * MiB for s, e in link.requests)
+    # several readahead requests at once, each at most TargetReadahead.REQUEST_LIMIT
+    assert link.peak >= 4, link.peak
+    assert all(e - s <= TargetReadahead.REQUEST_LIMIT for s, e in link.requests)
     # bounded: never further ahead of the readers than the window plus one request,
     # never more held than the capacity, nothing fetched twice beyond a few demand chunks
-    assert link.lead <= 32 * MiB + 4 * MiB, link.lead
+    assert link.lead <= 32 * MiB + TargetReadahead.REQUEST_LIMIT, link.lead
     assert ra._size <= ra.capacity
     assert sum(e - s for s, e in link.requests) <= 256 * MiB + 8 * MiB
 
