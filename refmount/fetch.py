@@ -107,8 +107,9 @@ async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False
             if got and int(got[1]) == start and got[3] != "*" and int(got[2]) == int(got[3]) - 1 < end - 1 \
                     and not upto:
                 # The range runs past the end of the target: what exists of it, if the
-                # body is all of that (else it is a short answer like any other).
-                data = await r.read()
+                # body is all of that (else it is a short answer like any other), and never
+                # more of a body than that.
+                data = await read_bounded(r, int(got[3]) - start)
                 past = _past_end(url, start, end, int(got[3]), data)
                 if past is None:
                     raise ShortRead(f"asked for bytes {start}-{end - 1}, got {len(data)} bytes "

@@ -349,12 +349,15 @@ def test_endless_http_body_is_cut_off(mount, public, srv):
     srv.put("big.bin", os.urandom(2**20))
     srv.add_fault("/big.bin", "endless", times=None, seconds=30)
     set_dir = mkdir_public(public / "set")
-    src = write_json(set_dir / "refs.json", {"e": [srv.url_for("big.bin"), 0, 65536],
-                                             "w": [srv.url_for("big.bin"), 2**19, 2**19],
+    url = srv.url_for("big.bin")
+    # e, w: ranges inside the target; p: a range running past its end (the answer's
+    # Content-Range says where the target ends); whole: the whole target.
+    src = write_json(set_dir / "refs.json", {"e": [url, 0, 65536], "w": [url, 2**19, 2**19],
+                                             "p": [url, 2**20 - 4096, 65536], "whole": [url],
                                              "ok": "inline"})
     m = mount(src, "allow_other", "no_disk_cache", "timeout=10", mnt=mkdir_public(public / "mnt"))
     t0 = time.monotonic()
-    for key in ("e", "w"):
+    for key in ("e", "w", "p", "whole"):
         r = as_nobody("cat", str(m / key))
         assert r.returncode != 0 and b"Input/output error" in r.stderr, (key, r.stderr)
     took = time.monotonic() - t0
@@ -363,7 +366,7 @@ def test_endless_http_body_is_cut_off(mount, public, srv):
     assert rss < 1 << 30, f"daemon RSS {rss >> 20} MiB after endless bodies"
     assert sent and max(sent) < 64 << 20, f"the daemon kept reading: {sent}"
     assert as_nobody("cat", str(m / "ok")).stdout == b"inline"
-    print(f"2 keys over endless bodies: EIO after {took:.1f} s, {len(sent)} responses, "
+    print(f"4 keys over endless bodies: EIO after {took:.1f} s, {len(sent)} responses, "
           f"largest {max(sent) >> 10} KiB sent, daemon RSS {rss >> 20} MiB")
 
 
