@@ -9,7 +9,6 @@ import hashlib
 import logging
 import mmap
 import os
-import stat
 import struct
 import threading
 import time
@@ -19,6 +18,7 @@ from collections.abc import Callable, Hashable
 import xxhash
 
 from .lru import LRU
+from .process import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -94,16 +94,6 @@ class _AlignedBuffer(threading.local):
 
 def round_up(n: int, to: int) -> int:
     return -(-n // to) * to
-
-
-def private_dir(path: str) -> None:
-    """Create ``path`` (and its parents) for the mounting user only: mode 0700, whatever the
-    umask. An existing directory of ours that others may enter (made by an older version,
-    or under another umask) is made private too; one owned by someone else is left alone."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.stat(path, follow_symlinks=False)
-    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(path, 0o700, follow_symlinks=False)
 
 
 class DiskCache:

@@ -23,7 +23,7 @@ import pyfuse3
 import trio
 
 from . import guestloop, process
-from .cache import Block, DiskCache, MemoryLRU, private_dir
+from .cache import Block, DiskCache, MemoryLRU
 from .cachewriter import CacheWriter
 from .config import MountConfig
 from .decoded import ChunkDecoder, DecodedTree, DecodedView
@@ -53,7 +53,7 @@ def setup_logging(cfg: MountConfig, detached: bool) -> str:
     target = cfg.log or ("syslog" if detached else "stderr")
     handler: logging.Handler
     if target == "syslog" and not os.path.exists("/dev/log"):
-        private_dir(os.path.join(cfg.cache_dir, "log"))
+        process.private_dir(os.path.join(cfg.cache_dir, "log"))
         name = cfg.mountpoint.strip("/").replace("/", "_") or "root"
         target = os.path.join(cfg.cache_dir, "log", f"{name}.log")
     if target == "stderr":
@@ -63,8 +63,12 @@ def setup_logging(cfg: MountConfig, detached: bool) -> str:
         handler = logging.handlers.SysLogHandler(address="/dev/log")
         handler.setFormatter(RedactingFormatter(f"refmount[{os.getpid()}]: %(levelname)s %(message)s"))
     else:
-        # A new log file is the mounting user's only: it names targets and keys.
-        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600))
+        # The log file is the mounting user's only: it names targets and keys.
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            process.private_file(fd)
+        finally:
+            os.close(fd)
         handler = logging.FileHandler(target)
         handler.setFormatter(RedactingFormatter(LOG_FORMAT))
     root.addHandler(handler)

@@ -226,7 +226,8 @@ def test_fifo_device_and_directory_targets_fail_at_once_and_block_nothing(mount,
 @fuse
 def test_cache_and_logs_are_private_whatever_the_umask(mount, public):
     """A root allow_other mount made under umask 000, its cache in a directory everyone may
-    enter, with a block directory an older version made 0755; nobody reads through the mount.
+    enter, with a block and an index directory and a log file an older version made 0755 and
+    0644; nobody reads through the mount.
     Afterwards every directory and file of the block cache and the index, and the log file,
     are the mounting user's only, and nobody can read any of the cached files."""
     set_dir = mkdir_public(public / "set")
@@ -239,9 +240,15 @@ def test_cache_and_logs_are_private_whatever_the_umask(mount, public):
     old_dir.mkdir(parents=True)
     (cache / "blocks").chmod(0o755)
     old_dir.chmod(0o755)
+    (cache / "index").mkdir(mode=0o755)
+    (cache / "index").chmod(0o755)
+    mnt = mkdir_public(public / "mnt")
+    old_log = mount.base / f"{mnt.name}.log"  # the log file the mount fixture names
+    old_log.write_text("an older mount's line\n")
+    old_log.chmod(0o644)
     old = os.umask(0)
     try:
-        m = mount(src, "allow_other", f"cache_dir={cache}", mnt=mkdir_public(public / "mnt"))
+        m = mount(src, "allow_other", f"cache_dir={cache}", mnt=mnt)
     finally:
         os.umask(old)
     for key in ("a", "b"):
@@ -250,6 +257,7 @@ def test_cache_and_logs_are_private_whatever_the_umask(mount, public):
     files = [p for p in cache.rglob("*") if p.is_file()]
     assert any("blocks" in p.parts for p in files) and list((cache / "index").glob("*.arrow")), (
         "nothing was cached: test is void")
+    assert m.log == old_log
     bad = private_modes(cache / "blocks") + private_modes(cache / "index") + private_modes(m.log)
     assert not bad, "usable by others:\n" + "\n".join(bad)
     r = as_nobody("cat", *map(str, files))
