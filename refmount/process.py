@@ -62,10 +62,12 @@ def private_files() -> None:
 def private_dir(path: str) -> None:
     """Create ``path`` (and its parents) for the mounting user only: mode 0700, whatever the
     umask. An existing directory of ours that others may enter (made by an older version,
-    or under another umask) is made private too; one owned by someone else is left alone."""
+    or under another umask) is made private too; one owned by someone else, or shared on
+    purpose (the sticky bit, as on ``/tmp``), is left alone."""
     os.makedirs(path, mode=0o700, exist_ok=True)
     st = os.stat(path, follow_symlinks=False)
-    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077 \
+            and not st.st_mode & stat.S_ISVTX:  # a shared directory such as /tmp stays as it is
         os.chmod(path, 0o700, follow_symlinks=False)
 
 

@@ -25,7 +25,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..process import private_dir
 from .limits import DEFAULT_LIMITS, Limits, size_text
 from .model import INT64_MAX, Ref, ReferenceSetError, RefKind
 
@@ -434,7 +433,7 @@ def summary_metadata(table: pa.Table) -> dict[str, str]:
 def write_index(table: pa.Table, path: str, metadata: dict[str, str]) -> None:
     """Write atomically (temp file + rename), so concurrent mounts never see half a file."""
     directory = os.path.dirname(path)
-    private_dir(directory)  # the index holds every target URL
+    os.makedirs(directory, mode=0o700, exist_ok=True)  # the index holds every target URL
     schema = table.schema.with_metadata({"format": INDEX_FORMAT, **metadata})
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".arrow")
     try:

@@ -21,6 +21,7 @@ from typing import IO, Any
 import ijson
 import zstandard
 
+from ..process import private_dir
 from .format import Format, IndexFile, OpenedTree, Options
 from .index import INDEX_FORMAT, IndexBuilder, KeyIndex, summary_metadata, write_index
 from .limits import DEFAULT_LIMITS, JsonReader, Limits
@@ -237,6 +238,7 @@ class JsonFormat(Format):
         meta["source"] = source
         if cached:
             try:
+                private_dir(os.path.dirname(cached))  # the index holds every target URL
                 write_index(table, cached, meta)
                 return IndexFile(cached, temporary=False, reused=False, kind=self.name)
             except OSError as e:

@@ -26,3 +26,32 @@ def test_tune_applies_the_process_settings_once() -> None:
         transport.max_size = saved_size
         os.umask(saved_mask)
         process.tune.cache_clear()
+
+
+def test_private_dir_and_file_close_ours_and_leave_shared_ones(tmp_path) -> None:
+    """``private_dir``/``private_file`` make an existing directory or file of ours 0700/0600,
+    create missing ones so, and leave a sticky shared directory (as ``/tmp``) as it is."""
+    import stat
+
+    def mode(p) -> int:
+        return stat.S_IMODE(os.stat(p).st_mode)
+
+    old = tmp_path / "old"
+    old.mkdir()
+    old.chmod(0o755)
+    process.private_dir(str(old))
+    process.private_dir(str(tmp_path / "new" / "sub"))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    process.private_dir(str(shared))
+    log = tmp_path / "x.log"
+    log.write_text("")
+    log.chmod(0o644)
+    fd = os.open(log, os.O_WRONLY)
+    try:
+        process.private_file(fd)
+    finally:
+        os.close(fd)
+    assert (mode(old), mode(tmp_path / "new" / "sub"), mode(shared), mode(log)) == (
+        0o700, 0o700, 0o1777, 0o600)
