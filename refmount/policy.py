@@ -86,11 +86,16 @@ class TargetPolicy:
         return self.local_roots if self.confined else None
 
     def relative(self, url: str) -> bool:
-        """Whether ``url`` is a relative local path, which ``full_url`` joins to ``base_dir``
-        (a path without a protocol takes ``remote_protocol``'s instead, when one is set)."""
-        if "://" in url or "::" in url or os.path.isabs(url):
+        """Whether ``url`` is a relative local path (bare or ``file://relative``), which
+        ``full_url`` joins to ``base_dir`` (a path without a protocol takes
+        ``remote_protocol``'s instead, when one is set). ``~/…`` is not: it is the home
+        directory's."""
+        protocol, sep, path = url.partition("://") if "://" in url else ("", "", url)
+        if "::" in url or (sep and protocol not in LOCAL_PROTOCOLS) or os.path.isabs(path):
             return False
-        return not (self.remote_protocol and self.remote_protocol not in LOCAL_PROTOCOLS)
+        if path[:1] == "~" and path[1:2] in ("", "/"):
+            return False
+        return bool(sep) or not (self.remote_protocol and self.remote_protocol not in LOCAL_PROTOCOLS)
 
     def _chain(self, url: str) -> list[tuple[str, str]]:
         """(protocol, path) of each link of a (possibly chained) URL."""

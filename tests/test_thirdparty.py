@@ -60,15 +60,16 @@ def _record(path: Path, rows: list[tuple[str | None, int | None, int | None]]) -
 
 def gdal_layout(top: Path) -> Path:
     """``top/set``: array ``x`` whose chunks are files beside its record file, named relative
-    to it (one row without offset or size, one with ``..``, one from an offset with no size),
-    and array ``esc`` whose chunks leave the set's directory or name no file. Decoys with
-    other bytes lie where a wrong rule would look (the set's directory and its parent)."""
+    to it (one row without offset or size, one with ``..``, one from an offset with no size,
+    one as ``file://relative``), one under ``~`` (HOME is ``set/home``), and array ``esc``
+    whose chunks leave the set's directory or name no file. Decoys with other bytes lie where
+    a wrong rule would look (the set's directory and its parent, ``x/~``)."""
     root = top / "set"
     (root / "x").mkdir(parents=True)
     (root / "esc").mkdir()
     write_json(root / ".zmetadata", {"record_size": 10, "metadata": {
         ".zgroup": {"zarr_format": 2}, ".zattrs": {},
-        "x/.zarray": {**ZARRAY, "shape": [4]}, "x/.zattrs": {"_ARRAY_DIMENSIONS": ["i"]},
+        "x/.zarray": {**ZARRAY, "shape": [6]}, "x/.zattrs": {"_ARRAY_DIMENSIONS": ["i"]},
         "esc/.zarray": {**ZARRAY, "shape": [2]}, "esc/.zattrs": {"_ARRAY_DIMENSIONS": ["j"]},
     }})
     for name, data in {"0.bin": b"\x01", "1.bin": b"\x02", "2.bin": b"\x03", "3.bin": b"ab\x04"}.items():
@@ -81,26 +82,35 @@ def gdal_layout(top: Path) -> Path:
         ("1.bin", None, None),  # no size: the whole target (GDAL's parquet_ref_0_dim_missing_size)
         ("../x/2.bin", 0, 1),  # GDAL's parquet_ref_0_dim_path_dot_dot
         ("3.bin", 2, None),  # no size: from the offset to the end of the target
+        ("file://0.bin", 0, 1),  # a relative file:// URL: the same rule
+        ("~/h.bin", 0, 1),  # the home directory's
     ])
+    (root / "home").mkdir()
+    (root / "home" / "h.bin").write_bytes(b"\x06")
+    (root / "x" / "~").mkdir()
+    (root / "x" / "~" / "h.bin").write_bytes(b"\xee")  # decoy
     _record(root / "esc" / "refs.0.parq", [("../../outside.bin", 0, 1),
                                            ("missing.bin", None, None)])  # no size, no target
     return root
 
 
-def test_parquet_directory_relative_targets_resolve_beside_the_record_files(mount, tmp_path):
+def test_parquet_directory_relative_targets_resolve_beside_the_record_files(mount, tmp_path,
+                                                                          monkeypatch):
     root = gdal_layout(tmp_path)
+    monkeypatch.setenv("HOME", str(root / "home"))
     # A shared mount reads local files only in the set's own directory (by default).
     m = mount(root, "allow_other", "no_disk_cache")
     files, _dirs = walk(m.path)
-    assert {"x/0", "x/1", "x/2", "x/3", "esc/0", "esc/1"} <= files
+    assert {"x/0", "x/1", "x/2", "x/3", "x/4", "x/5", "esc/0", "esc/1"} <= files
     for key in sorted(files):  # every listed entry stats (`ls -l` shows no ?????????)
         os.stat(m / key)
-    want = {"x/0": b"\x01", "x/1": b"\x02", "x/2": b"\x03", "x/3": b"\x04"}
+    want = {"x/0": b"\x01", "x/1": b"\x02", "x/2": b"\x03", "x/3": b"\x04", "x/4": b"\x01",
+            "x/5": b"\x06"}
     for key, data in want.items():
         assert read_or_errno(m / key) == data, key
         assert os.stat(m / key).st_size == len(data), key
     with xr.open_zarr(str(m), consolidated=False) as ds:
-        assert ds.x.values.tolist() == [1, 2, 3, 4]
+        assert ds.x.values.tolist() == [1, 2, 3, 4, 1, 6]
     # leaving the set's directory: refused like any local file outside allow_local
     assert read_or_errno(m / "esc/0") == errno.EIO
     assert log_lines(m, "outside the allowed directories")

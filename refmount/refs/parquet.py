@@ -248,7 +248,8 @@ class Record:
         assert self.path is not None
         url = self.path[row].as_py()
         if self.relative is not None and self.relative(url):
-            url = posixpath.join(self.prefix, url)
+            protocol, sep, path = url.rpartition("://")
+            url = protocol + sep + posixpath.join(self.prefix, path)
         size = int(self.sizes[row])
         offset = int(self.offset[row]) if self.offset is not None else 0
         if size < 0:

@@ -77,3 +77,21 @@ def test_a_file_url_source_is_local_like_its_path(tmp_path) -> None:
     assert target_policy(remote).base_dir is None
     chained = MountConfig(source=f"simplecache::{refs}", mountpoint="/mnt", allow_other=True)
     assert chained.local_roots() == []
+
+
+@pytest.mark.parametrize(("url", "remote_protocol", "relative"), [
+    ("0.bin", None, True), ("a/../0.bin", None, True), ("file://0.bin", None, True),
+    ("local://x/0.bin", None, True), ("~x/0.bin", None, True),
+    ("/abs/0.bin", None, False), ("file:///abs/0.bin", None, False), ("~/0.bin", None, False),
+    ("~", None, False), ("s3://b/0.bin", None, False), ("simplecache::file://0.bin", None, False),
+    ("0.bin", "s3", False), ("file://0.bin", "s3", True),
+])
+def test_policy_relative_is_what_full_url_joins_to_the_base(url, remote_protocol, relative):
+    """``TargetPolicy.relative`` (which Parquet records prefix with their own directory) holds
+    for exactly the URLs that ``full_url`` resolves against the base directory."""
+    from refmount.policy import TargetPolicy
+
+    policy = TargetPolicy([], "/base", remote_protocol)
+    assert policy.relative(url) is relative
+    if relative:
+        assert policy.full_url(url).partition("://")[2 if "://" in url else 0].startswith("/base/")
