@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections import deque
 from urllib.parse import urlsplit
 
+from .lru import LRU
+
 
 class LinkEstimate:
     SAMPLES = 32  # the last requests the fit uses
@@ -85,14 +87,13 @@ class LinkEstimates:
     MAX_HOSTS = 1024
 
     def __init__(self) -> None:
-        self._hosts: dict[str, LinkEstimate] = {}
+        self._hosts: LRU[str, LinkEstimate] = LRU(self.MAX_HOSTS)
 
     def of(self, url: str) -> LinkEstimate:
         parts = urlsplit(url)
         host = f"{parts.scheme}://{parts.netloc}"
         link = self._hosts.get(host)
         if link is None:
-            if len(self._hosts) >= self.MAX_HOSTS:
-                self._hosts.clear()
-            link = self._hosts[host] = LinkEstimate()
+            link = LinkEstimate()
+            self._hosts.put(host, link)
         return link

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 
 from .cache import Block
+from .lru import LRU
 from .stats import Stats
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class PagePusher:
     def __init__(self, store: Callable[[int, int, Block], None], stats: Stats) -> None:
         self._store = store
         self.stats = stats
-        self._given: OrderedDict[int, None] = OrderedDict()
+        self._given: LRU[int, bool] = LRU(self.REMEMBERED)
         self.enabled = True
 
     def wanted(self, inode: int) -> bool:
@@ -42,10 +42,7 @@ class PagePusher:
 
     def given(self, inode: int) -> None:
         """The kernel got this inode's bytes (a READ answered them): no push on later opens."""
-        given = self._given
-        given[inode] = None
-        if len(given) > self.REMEMBERED:
-            given.popitem(last=False)
+        self._given.put(inode, True)
 
     def push(self, inode: int, data: Block) -> None:
         """Store ``data`` (the whole file) in the page cache of ``inode`` (see the module doc

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 import fsspec
 
 from .config import MountConfig
+from .lru import LRU
 from .redact import redact_url
 from .urls import LOCAL_PROTOCOLS, is_chained, is_local, local_path
 
@@ -49,7 +50,8 @@ class TargetPolicy:
         self.remote_protocol = remote_protocol
         self.home = os.path.expanduser("~")  # fixed once: "~" in URLs means this directory
         self._protocols: dict[str, str | None] = {}
-        self._remote: dict[str, str | None] = {}  # verdicts on single-link remote URLs
+        # Verdicts on single-link remote URLs ("" for none: the LRU holds no None).
+        self._remote: LRU[str, str] = LRU(100_000)
 
     def full_url(self, url: str) -> str:
         """The URL as this mount reads it. Local paths come out absolute and normalised, the
@@ -127,15 +129,11 @@ class TargetPolicy:
         if not is_local(full) and not is_chained(full):
             # One remote link: the answer depends on the URL alone (asked before every
             # fetch and disk-cache lookup), so it is remembered.
-            try:
-                return self._remote[full]
-            except KeyError:
-                pass
-            reason = self._problem(full, resolve=False)
-            if len(self._remote) >= 100_000:
-                self._remote.clear()
-            self._remote[full] = reason
-            return reason
+            known = self._remote.get(full)
+            if known is None:
+                known = self._problem(full, resolve=False) or ""
+                self._remote.put(full, known)
+            return known or None
         return self._problem(full, resolve=resolve)
 
     def _problem(self, full: str, *, resolve: bool) -> str | None:
