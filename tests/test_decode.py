@@ -174,6 +174,9 @@ def test_gdal_reads_compressed_and_big_endian_arrays(shared_mounts, tmp_path):
     assert stats["mean"] == pytest.approx(valid.astype("f8").mean(), rel=1e-6)
     stats = gdal_stats(nc3, "/tas:2")
     assert stats["mean"] == pytest.approx(tas[2].astype("f8").mean(), rel=1e-6)
+    stats = gdal_stats(nc4, "/precise")  # 2-D shuffle+zlib float64
+    assert (stats["minimum"], stats["maximum"]) == (precise.min(), precise.max())
+    assert stats["mean"] == pytest.approx(precise.mean(), rel=1e-12)
 
 
 # --- HDF5 with blosc (lz4, zstd, bitshuffle), zstd, big-endian shuffle+zlib ------------------------
@@ -240,6 +243,11 @@ def test_hdf5_codecs_through_decode(mount, codec_set, tmp_path):
     np.testing.assert_array_equal(
         gdal_slice(dec, "/blosc_lz4_bitshuffle", tmp_path, (40, 50), "f4"),
         originals["blosc_lz4_bitshuffle"])
+    for name in ("blosc_lz4_bitshuffle", "zstd", "be_zlib"):  # 2-D, three codecs
+        stats, values = gdal_stats(dec, f"/{name}"), originals[name].astype("f8")
+        assert (stats["minimum"], stats["maximum"]) == pytest.approx(
+            (values.min(), values.max()), rel=1e-6), name
+        assert stats["mean"] == pytest.approx(values.mean(), rel=1e-6), name
 
 
 # --- what cannot be decoded; corrupt chunks ------------------------------------------------------
@@ -317,6 +325,30 @@ def test_corrupt_chunks_are_eio_and_the_mount_keeps_serving(mount, odd_set):
     log = m.log_text(tail=1000)
     assert re.search(r"decode failed: key=good/1 codecs=zlib", log), log
     assert re.search(r"decode failed: key=short/0 codecs=zlib: .*expected 16", log), log
+
+
+def test_missing_chunks_stay_missing_and_decoding_is_counted(mount, tmp_path):
+    """A chunk the set does not hold is not listed through ``-o decode`` and readers use the
+    fill value; a decoded chunk's size needs no fetch, and its bytes reach the kernel once."""
+    import zarr
+
+    meta = {"zarr_format": 2, "shape": [12], "chunks": [4], "dtype": ">i4",
+            "compressor": {"id": "zlib", "level": 1}, "filters": None, "fill_value": 7,
+            "order": "C"}
+    refs = {".zgroup": '{"zarr_format": 2}', "s/.zarray": json.dumps(meta),
+            "s/0": b64(zlib.compress(np.arange(4, dtype=">i4").tobytes())),
+            "s/2": b64(zlib.compress(np.arange(8, 12, dtype=">i4").tobytes()))}
+    m = mount(write_json(tmp_path / "sparse.json", refs), "decode")
+    assert sorted(os.listdir(m / "s")) == [".zarray", "0", "2"]
+    assert not (m / "s" / "1").exists()
+    assert [os.stat(m / "s" / k).st_size for k in ("0", "2")] == [16, 16]
+    stats = json.loads(os.getxattr(m.path, "user.refmount.stats"))
+    assert stats["decoded"] == 0, stats  # sizes come from .zarray: nothing decoded to stat
+    values = zarr.open_array(str(m / "s"), mode="r")[:]
+    assert values.tolist() == [0, 1, 2, 3, 7, 7, 7, 7, 8, 9, 10, 11]
+    for _ in range(3):  # read again: from the page cache, not decoded again
+        assert (m / "s" / "2").read_bytes() == np.arange(8, 12, dtype="<i4").tobytes()
+    assert json.loads(os.getxattr(m.path, "user.refmount.stats"))["decoded"] == 2
 
 
 def test_python_api_takes_decode(odd_set, tmp_path):
