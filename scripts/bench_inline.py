@@ -6,7 +6,9 @@ A Version 0 set ``{"small": "s", "big": VALUE}`` whose one value has N bytes, fo
 
 * ``plain`` -- a plain string of N bytes;
 * ``base64`` -- ``"base64:..."`` decoding to N bytes (the JSON holds 4N/3);
-* ``object`` -- a JSON-object value (``{"a": "<N bytes>"}``), served as its JSON text.
+* ``object`` -- a JSON-object value (``{"a": "<N bytes>"}``), served as its JSON text;
+* ``v1`` -- the plain string in the ``refs`` of a Version 1 set;
+* ``parquet`` -- a Parquet reference set whose one chunk ``x/0`` is a ``raw`` cell of N bytes.
 
 Rows (peers):
 
@@ -33,6 +35,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,7 +51,7 @@ import json, sys, time
 import fsspec
 t = time.monotonic()
 fs = fsspec.filesystem("reference", fo=sys.argv[1])
-n = len(fs.cat("big"))
+n = len(fs.cat(sys.argv[2]))
 print(json.dumps({"seconds": time.monotonic() - t, "bytes": n}))
 """
 
@@ -70,10 +73,31 @@ def measured(cmd: list[str], timeout: float) -> dict:
     return json.loads(r.stdout)
 
 
-def make(path: Path, kind: str, size: int) -> str:
-    """Write the set; returns the sha256 of the bytes ``big`` must serve."""
+def make_parquet(root: Path, body: bytes) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root.mkdir()
+    zarray = {"zarr_format": 2, "shape": [len(body)], "chunks": [len(body)], "dtype": "|u1",
+              "compressor": None, "filters": None, "fill_value": 0, "order": "C"}
+    (root / ".zmetadata").write_text(json.dumps({"record_size": 10_000, "metadata": {
+        ".zgroup": {"zarr_format": 2}, "x/.zarray": zarray}}))
+    (root / "x").mkdir()
+    pq.write_table(pa.table({"path": pa.array([None], pa.string()),
+                             "offset": pa.array([0], pa.int64()), "size": pa.array([0], pa.int64()),
+                             "raw": pa.array([body], pa.binary())}), root / "x" / "refs.0.parq")
+
+
+def make(path: Path, kind: str, size: int) -> tuple[str, str]:
+    """Write the set; returns the key to read and the sha256 of the bytes it must serve."""
     body = (b"0123456789abcdef" * (size // 16 + 1))[:size]
+    if kind == "parquet":
+        make_parquet(path, body)
+        return "x/0", hashlib.sha256(body).hexdigest()
     with open(path, "wb") as f:
+        if kind == "v1":
+            f.write(b'{"version": 1, "refs": {"small": "s", "big": "' + body + b'"}}')
+            return "big", hashlib.sha256(body).hexdigest()
         f.write(b'{"small": "s", "big": ')
         if kind == "plain":
             f.write(b'"' + body + b'"')
@@ -85,7 +109,7 @@ def make(path: Path, kind: str, size: int) -> str:
             f.write(b'{"a": "' + body + b'"}')
             served = json.dumps({"a": body.decode()}).encode()
         f.write(b"}")
-    return hashlib.sha256(served).hexdigest()
+    return "big", hashlib.sha256(served).hexdigest()
 
 
 def vm_hwm(pid: int) -> int:
@@ -96,7 +120,7 @@ def vm_hwm(pid: int) -> int:
     return 0
 
 
-def run_refmount(src: Path, mnt: Path, size: int, digest: str) -> str:
+def run_refmount(src: Path, mnt: Path, size: int, key: str, digest: str) -> str:
     limit = max(size, 64 * MiB) + MiB
     cmd = [sys.executable, "-m", "refmount", str(src), str(mnt), "-o",
            f"no_disk_cache,max_inline={limit}"]
@@ -106,7 +130,7 @@ def run_refmount(src: Path, mnt: Path, size: int, digest: str) -> str:
     pid = refmount_daemon_pid(mnt)
     try:
         h = hashlib.sha256()
-        with open(mnt / "big", "rb") as f:
+        with open(mnt / key, "rb") as f:
             while chunk := f.read(4 * MiB):
                 h.update(chunk)
         ok = h.hexdigest() == digest
@@ -117,9 +141,9 @@ def run_refmount(src: Path, mnt: Path, size: int, digest: str) -> str:
             f"{daemon / MiB:6.0f} MiB  {'content ok' if ok else 'CONTENT DIFFERS'}")
 
 
-def run_fsspec(src: Path, timeout: float) -> str:
+def run_fsspec(src: Path, key: str, timeout: float) -> str:
     try:
-        res = measured([sys.executable, "-c", FSSPEC_PEER, str(src)], timeout)
+        res = measured([sys.executable, "-c", FSSPEC_PEER, str(src), key], timeout)
     except subprocess.TimeoutExpired:
         return f"DNF >{timeout:g}s"
     if res["rc"] != 0:
@@ -131,8 +155,8 @@ def run_fsspec(src: Path, timeout: float) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 64, 256], metavar="MIB")
-    p.add_argument("--kinds", nargs="+", default=["plain", "base64", "object"],
-                   choices=["plain", "base64", "object"])
+    kinds = ["plain", "base64", "object", "v1", "parquet"]
+    p.add_argument("--kinds", nargs="+", default=kinds, choices=kinds)
     p.add_argument("--timeout", type=float, default=300.0, help="bound of each fsspec run")
     args = p.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} (the machine may be shared)")
@@ -142,11 +166,12 @@ def main() -> int:
         mnt.mkdir()
         for kind in args.kinds:
             for mib in args.sizes:
-                src = work / f"{kind}-{mib}.json"
-                digest = make(src, kind, mib * MiB)
-                print(f"{kind:7} {mib:4d} MiB  refmount: {run_refmount(src, mnt, mib * MiB, digest)}")
-                print(f"{'':7} {'':4}      fsspec:   {run_fsspec(src, args.timeout)}")
-                src.unlink()
+                src = work / f"{kind}-{mib}" if kind == "parquet" else work / f"{kind}-{mib}.json"
+                key, digest = make(src, kind, mib * MiB)
+                print(f"{kind:7} {mib:4d} MiB  refmount: "
+                      f"{run_refmount(src, mnt, mib * MiB, key, digest)}")
+                print(f"{'':7} {'':4}      fsspec:   {run_fsspec(src, key, args.timeout)}")
+                shutil.rmtree(src) if src.is_dir() else src.unlink()
     print(f"bench peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     return 0
 
