@@ -1,7 +1,7 @@
 """Process-wide settings of the serving daemon, applied once when it starts (``tune``).
 
 Everything here changes the whole process, not one mount object: the file mode mask, the C
-library's allocator, and asyncio's socket transport. Nothing else in refmount sets them, so
+library's allocator, asyncio's socket transport and the interpreter's GIL switch interval. Nothing else in refmount sets them, so
 that tools, tests and the Python API (which never serve) run with the defaults.
 """
 
@@ -13,6 +13,7 @@ import ctypes
 import functools
 import os
 import stat
+import sys
 from collections.abc import Callable
 
 # asyncio receives at most 256 KiB per socket read, and for every read aiohttp's parser and
@@ -79,10 +80,22 @@ def private_file(fd: int) -> None:
         os.fchmod(fd, 0o600)
 
 
+# Worker threads (decoding with -o decode, local reads, checksums) release the GIL for their
+# heavy part, then wait for it again behind the busy FUSE/fetch thread for up to the switch
+# interval each time. 0.5 ms instead of Python's 5 ms made cold decoded reads ~20 % faster
+# (zarr, 1 MiB shuffle+zlib chunks), the other read workloads within the machine's noise.
+SWITCH_INTERVAL = 0.0005
+
+
+def shorter_gil_switch() -> None:
+    sys.setswitchinterval(SWITCH_INTERVAL)
+
+
 @functools.cache
 def tune() -> Callable[[int], int] | None:
     """Apply the daemon's process-wide settings, once per process (later calls return the
     first call's result). Returns ``malloc_trim`` (None when the C library is not glibc)."""
     private_files()
     larger_socket_reads()
+    shorter_gil_switch()
     return tune_malloc()

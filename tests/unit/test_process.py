@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio.selector_events
 import os
+import sys
 
 from refmount import process
 
@@ -12,12 +13,14 @@ def test_tune_applies_the_process_settings_once() -> None:
     transport = asyncio.selector_events._SelectorSocketTransport
     saved_size = transport.max_size
     saved_mask = os.umask(0o022)
+    saved_switch = sys.getswitchinterval()
     process.tune.cache_clear()
     try:
         transport.max_size = 256 * 1024  # asyncio's default
         trim = process.tune()
         assert os.umask(0o022) == 0o077  # what the daemon creates is the mounting user's only
         assert transport.max_size == process.RECV_SIZE
+        assert sys.getswitchinterval() == process.SWITCH_INTERVAL
         assert trim is None or trim(0) in (0, 1)  # glibc's malloc_trim
         os.umask(0o022)
         assert process.tune() is trim  # once: a second call changes nothing
@@ -25,6 +28,7 @@ def test_tune_applies_the_process_settings_once() -> None:
     finally:
         transport.max_size = saved_size
         os.umask(saved_mask)
+        sys.setswitchinterval(saved_switch)
         process.tune.cache_clear()
 
 
