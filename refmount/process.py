@@ -1,8 +1,9 @@
 """Process-wide settings of the serving daemon, applied once when it starts (``tune``).
 
 Everything here changes the whole process, not one mount object: the file mode mask, the C
-library's allocator, asyncio's socket transport and the interpreter's GIL switch interval. Nothing else in refmount sets them, so
-that tools, tests and the Python API (which never serve) run with the defaults.
+library's allocator, asyncio's socket transport and the interpreter's GIL switch interval.
+Nothing else in refmount sets them, so that tools, tests and the Python API (which never
+serve) run with the defaults.
 """
 
 from __future__ import annotations
