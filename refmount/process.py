@@ -68,23 +68,28 @@ def private_dir(path: str) -> None:
     purpose (the sticky bit, as on ``/tmp``), is left alone."""
     os.makedirs(path, mode=0o700, exist_ok=True)
     st = os.stat(path, follow_symlinks=False)
-    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077 \
-            and not st.st_mode & stat.S_ISVTX:  # a shared directory such as /tmp stays as it is
+    if _ours_and_open(st) and not st.st_mode & stat.S_ISVTX:  # /tmp and the like stay as they are
         os.chmod(path, 0o700, follow_symlinks=False)
 
 
 def private_file(fd: int) -> None:
     """The file open as ``fd`` is made the mounting user's only (mode 0600) if it is ours and
     others may read it: a log file made by an older version or under another umask."""
-    st = os.fstat(fd)
-    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+    if _ours_and_open(os.fstat(fd)):
         os.fchmod(fd, 0o600)
+
+
+def _ours_and_open(st: os.stat_result) -> bool:
+    """Owned by this process's user, and group or others may use it."""
+    return st.st_uid == os.geteuid() and bool(stat.S_IMODE(st.st_mode) & 0o077)
 
 
 # Worker threads (decoding with -o decode, local reads, checksums) release the GIL for their
 # heavy part, then wait for it again behind the busy FUSE/fetch thread for up to the switch
-# interval each time. 0.5 ms instead of Python's 5 ms made cold decoded reads ~20 % faster
-# (zarr, 1 MiB shuffle+zlib chunks), the other read workloads within the machine's noise.
+# interval each time. With 0.5 ms instead of Python's 5 ms, cold decoded reads (zarr, 1 MiB
+# shuffle+zlib chunks) measured 218-230 MB/s against 174-190 in paired runs, but 193 in a
+# later run: the gain is within this VM's run-to-run spread, not established beyond it
+# (docs/performance.md); other read workloads stayed within the same spread.
 SWITCH_INTERVAL = 0.0005
 
 
