@@ -86,6 +86,26 @@ class CacheWriter:
         self._view = memoryview(self._ring)
         return self._proc.stderr
 
+    @property
+    def pid(self) -> int | None:
+        """The child's process id once started (None before, or if it could not start)."""
+        return self._proc.pid if self._proc is not None else None
+
+    def exit_status(self, timeout: float = 0) -> int | None:
+        """The child's exit status, waiting up to ``timeout`` seconds for it to exit; None
+        while it runs (or if it never started)."""
+        if self._proc is None:
+            return None
+        try:
+            return self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    @property
+    def ring_position(self) -> int:
+        """Bytes of ring space taken since the start (monotonic: it goes on round the ring)."""
+        return self._head
+
     def _fail(self, why: str) -> None:
         if not self._failed:
             self._failed = True

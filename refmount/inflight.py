@@ -44,6 +44,10 @@ class LinkEstimate:
             self._samples.append((nbytes, seconds))
             self._fit = None
 
+    def __len__(self) -> int:
+        """The requests kept for the fit (at most ``SAMPLES``)."""
+        return len(self._samples)
+
     def estimate(self) -> tuple[float, float] | None:
         """(latency in seconds, bandwidth of one request in bytes per second), or None."""
         if len(self._samples) < self.MIN_SAMPLES:
@@ -97,3 +101,7 @@ class LinkEstimates:
             link = LinkEstimate()
             self._hosts.put(host, link)
         return link
+
+    def __len__(self) -> int:
+        """The hosts with an estimate kept (at most ``MAX_HOSTS``)."""
+        return len(self._hosts)

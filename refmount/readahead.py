@@ -243,6 +243,16 @@ class TargetReadahead:
         # the window behind a slow link.
         self.links = links if links is not None else LinkEstimates()
 
+    @property
+    def prefetched_bytes(self) -> int:
+        """Bytes of the stretches held (arrived or in flight): at most ``capacity`` after
+        each extension."""
+        return self._size
+
+    def __len__(self) -> int:
+        """The targets whose runs are remembered (at most ``MAX_RUNS``)."""
+        return len(self._runs)
+
     async def lookup(self, url: str, start: int, end: int) -> tuple[memoryview | bytes, bool] | None:
         """Bytes [start, end) of ``url`` from prefetched stretches, if they cover them (waiting
         for stretches in flight), and whether those bytes lie in grid blocks handed to

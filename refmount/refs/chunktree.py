@@ -63,6 +63,10 @@ class ChunkTree:
     def __len__(self) -> int:
         return len(self.meta) + sum(a.count for a in self.arrays)
 
+    def array_dir(self, aid: int) -> Node:
+        """The directory node of array ``aid`` (its index in ``arrays``)."""
+        return self._array_dir[aid]
+
     # ---- nodes --------------------------------------------------------------------------
     def _decode(self, ino: int) -> tuple[ArraySpec, int, int, int]:
         aid = (ino >> (_P_BITS + _LEVEL_BITS)) & ((1 << _AID_BITS) - 1)

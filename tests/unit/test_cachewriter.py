@@ -39,9 +39,8 @@ def disk(tmp_path: Path) -> DiskCache:
 def writer(disk: DiskCache) -> Iterator[CacheWriter]:
     w = CacheWriter(disk, Stats(), ring_size=256 * KiB)
     yield w
-    proc = w._proc
-    if proc is not None and proc.poll() is None:
-        os.kill(proc.pid, signal.SIGCONT)  # a test may have stopped it
+    if w.pid is not None and w.exit_status() is None:
+        os.kill(w.pid, signal.SIGCONT)  # a test may have stopped it
     w.close(timeout=10)
 
 
@@ -61,7 +60,7 @@ def test_submitted_blocks_are_on_disk_after_close(disk: DiskCache, writer: Cache
     # A grid block ending at the end of its target: stored under the grid's length.
     writer.submit(URL, 8 * MiB, b"tail", key_length=64 * KiB)
     writer.close(timeout=10)
-    assert writer._proc is not None and writer._proc.returncode == 0
+    assert writer.exit_status() == 0
     for (at, n), data in blocks.items():
         assert bytes(disk.get(URL, at, n)) == data
     assert bytes(disk.get(URL, 8 * MiB, 64 * KiB, upto=True)) == b"tail"
@@ -70,14 +69,14 @@ def test_submitted_blocks_are_on_disk_after_close(disk: DiskCache, writer: Cache
 
 def test_a_full_ring_drops_blocks_and_never_blocks(disk: DiskCache, writer: CacheWriter) -> None:
     start(writer)
-    assert writer._proc is not None
-    os.kill(writer._proc.pid, signal.SIGSTOP)  # the disk "is slower than the network"
+    assert writer.pid is not None
+    os.kill(writer.pid, signal.SIGSTOP)  # the disk "is slower than the network"
     n = 64 * KiB  # the ring holds four
     for i in range(6):
         writer.submit(URL, i * n, block(i, n))
     assert writer.stats.cache_writes_dropped == 2
     assert not disk.may_contain(URL, 5 * n, n)  # a dropped block is not marked
-    os.kill(writer._proc.pid, signal.SIGCONT)
+    os.kill(writer.pid, signal.SIGCONT)
     writer.close(timeout=10)
     for i in range(4):
         assert bytes(disk.get(URL, i * n, n)) == block(i, n)
@@ -98,7 +97,7 @@ def test_the_ring_wraps_around_once_the_child_has_caught_up(disk: DiskCache, wri
                 break
             assert time.monotonic() < deadline, "the child did not free the ring"
             time.sleep(0.02)
-    assert writer._head > 2 * writer.capacity  # round the ring more than twice
+    assert writer.ring_position > 2 * writer.capacity  # round the ring more than twice
     writer.close(timeout=10)
     for i in range(count):
         assert bytes(disk.get(URL, i * n, n)) == block(i, n)
@@ -126,9 +125,9 @@ def test_a_child_that_cannot_start_turns_writing_off(disk: DiskCache, writer: Ca
 def test_a_dead_child_is_noticed_once_and_writing_stops(disk: DiskCache, writer: CacheWriter,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     stderr = writer.start()
-    assert stderr is not None and writer._proc is not None
-    os.kill(writer._proc.pid, signal.SIGKILL)
-    writer._proc.wait(10)
+    assert stderr is not None and writer.pid is not None
+    os.kill(writer.pid, signal.SIGKILL)
+    assert writer.exit_status(10) is not None
     with caplog.at_level(logging.WARNING, logger="refmount.cachewriter"):
         async def relay() -> None:
             with trio.fail_after(10):
@@ -145,9 +144,9 @@ def test_a_dead_child_is_noticed_once_and_writing_stops(disk: DiskCache, writer:
 def test_a_write_to_a_dead_child_turns_writing_off(disk: DiskCache, writer: CacheWriter,
                                                    caplog: pytest.LogCaptureFixture) -> None:
     start(writer)
-    assert writer._proc is not None
-    os.kill(writer._proc.pid, signal.SIGKILL)
-    writer._proc.wait(10)
+    assert writer.pid is not None
+    os.kill(writer.pid, signal.SIGKILL)
+    assert writer.exit_status(10) is not None
     with caplog.at_level(logging.WARNING, logger="refmount.cachewriter"):
         writer.submit(URL, 0, b"abc")  # the note pipe has no reader: EPIPE
     assert "cache writer process is gone" in caplog.text

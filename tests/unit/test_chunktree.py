@@ -172,7 +172,7 @@ def test_unknown_inode_numbers_are_not_found_or_are_real(case: Case, ino: int) -
 def test_names_that_are_not_chunk_coordinates_are_not_found(case: Case, name: bytes) -> None:
     async def check() -> None:
         for aid, spec in enumerate(case.tree.arrays):
-            array_dir = case.tree._array_dir[aid]
+            array_dir = case.tree.array_dir(aid)
             node = await case.tree.lookup(array_dir, name)
             if node is not None:  # only a real chunk name in range may resolve
                 assert name.decode() in {chunk_name(spec, n) for n in range(spec.count)} | {

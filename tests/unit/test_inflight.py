@@ -47,13 +47,13 @@ def test_samples_and_hosts_are_bounded() -> None:
     for i in range(10 * link.SAMPLES):
         link.observe(MiB + i, 0.01)
     link.observe(0, 0.01)  # ignored: nothing learnt from an empty answer
-    assert len(link._samples) == link.SAMPLES
+    assert len(link) == link.SAMPLES
     links = LinkEstimates()
     assert links.of("http://a/x") is links.of("http://a/y")
     assert links.of("http://a/x") is not links.of("http://b/x")
     for i in range(2 * links.MAX_HOSTS):
         links.of(f"http://h{i}/x")
-    assert len(links._hosts) <= links.MAX_HOSTS
+    assert len(links) <= links.MAX_HOSTS
 
 
 class Link:
@@ -139,7 +139,7 @@ def test_behind_latency_several_requests_are_in_flight_and_bounded(latency: floa
     # bounded: never further ahead of the readers than the window plus one request,
     # never more held than the capacity, nothing fetched twice beyond a few demand chunks
     assert link.lead <= 32 * MiB + TargetReadahead.REQUEST_LIMIT, link.lead
-    assert ra._size <= ra.capacity
+    assert ra.prefetched_bytes <= ra.capacity
     assert sum(e - s for s, e in link.requests) <= 256 * MiB + 8 * MiB
 
 

@@ -94,7 +94,7 @@ def test_concurrent_readers_in_key_order_keep_one_run() -> None:
 def test_readahead_stays_within_its_window_and_capacity() -> None:
     misses, target, ra = run(MiB, 256, readers=4, max_window=16 * MiB)
     assert misses <= 8
-    assert ra._size <= ra.capacity
+    assert ra.prefetched_bytes <= ra.capacity
     # requests never reach further ahead of the readers than the window (+ one request's
     # rounding to the grid)
     assert target.lead <= 16 * MiB + ra.REQUEST_LIMIT, target.lead

@@ -146,7 +146,7 @@ def test_target_readahead_stops_on_a_seek_and_stays_within_capacity() -> None:
                     ra.note(URL, i * chunk, (i + 1) * chunk, n, miss=False)
                 await trio.sleep(0.05)
             assert target.requests
-            assert ra._size <= ra.capacity
+            assert ra.prefetched_bytes <= ra.capacity
             before = len(target.requests)
             for i in range(0, 4000, 500):  # random jumps: no readahead
                 ra.note(URL, i * chunk, (i + 1) * chunk, n, miss=True)
@@ -164,6 +164,6 @@ def test_target_readahead_forgets_old_targets() -> None:
         async with trio.open_nursery() as n:
             for i in range(ra.MAX_RUNS + 100):
                 ra.note(f"u{i}", 0, 10, n, miss=True)
-            assert len(ra._runs) == ra.MAX_RUNS
+            assert len(ra) == ra.MAX_RUNS
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
