@@ -122,8 +122,9 @@ class Mount:
     3. the mount answers (the daemon's business: ``pyfuse3.init``, READY);
     4. ``warm()``: the disk cache's writer process starts and the cache directory is listed
        (after READY: a large one takes a while), then returns;
-    5. ``aclose()`` on the loop once trio is done (HTTP sessions), then ``close()``: the cache
-       writer finishes its queued blocks (up to ``timeout``) and exits.
+    5. ``aclose()`` on the loop once trio is done (HTTP sessions), then ``close()``: the
+       decoder's threads stop, the cache writer finishes its queued blocks (up to
+       ``timeout``) and exits.
     """
 
     def __init__(self, fs: RefFS, fetcher: Fetcher, reader: RefReader, disk: DiskCache | None,
@@ -187,6 +188,8 @@ class Mount:
     def close(self, timeout: float = 5.0) -> None:
         """Stop the cache writer once it has written its queued blocks (up to ``timeout``).
         Idempotent, and safe whether or not the mount was started."""
+        if self.decoder is not None:
+            self.decoder.close()
         if self.writer is not None:
             self.writer.close(timeout=timeout)
         self._nursery = None

@@ -29,12 +29,12 @@ Parts:
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import logging
 import math
 import os
 import re
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +47,7 @@ from .errors import ReadError
 from .lru import LRU
 from .refs import Ref, RefKind
 from .singleflight import SingleFlight
+from .workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
@@ -509,8 +510,9 @@ class ChunkDecoder:
     """Decoded chunks for the FUSE read path.
 
     ``read_stored(ref)`` gives a chunk's stored bytes (the ``RefReader``: memory, disk,
-    fetch, readahead across keys). Decoding runs in worker threads, at most ``threads`` at
-    once and at most ``max_bytes`` decoded bytes in flight; results go to ``memory`` (the
+    fetch, readahead across keys). Decoding runs in ``threads`` worker threads of its own
+    (``WorkerPool``: each takes the next chunk as soon as it is done with one), with at most
+    ``max_bytes`` decoded bytes in flight; results go to ``memory`` (the
     mount's memory cache) and are shared by concurrent readers of the same chunk. While a
     reader goes through an array's chunks in order, the next chunks are decoded ahead.
     """
@@ -532,7 +534,7 @@ class ChunkDecoder:
         self.memory = memory
         self.read_stored = read_stored
         self.resolve = resolve
-        self.limiter = trio.CapacityLimiter(threads or max(1, os.cpu_count() or 1))
+        self.pool = WorkerPool(threads or max(1, os.cpu_count() or 1), "refmount-decode")
         self.budget = _ByteBudget(max_bytes)
         self.ahead = ahead
         self.on_error = on_error
@@ -545,6 +547,10 @@ class ChunkDecoder:
 
     def attach(self, nursery: trio.Nursery) -> None:
         self._background = nursery
+
+    def close(self) -> None:
+        """Stop the worker threads (chunks not being decoded are dropped)."""
+        self.pool.close()
 
     def ready(self, key: str) -> Block | None:
         """The decoded chunk if memory has it right now (for the page-cache push at open)."""
@@ -568,13 +574,23 @@ class ChunkDecoder:
         return await self._flights.run(key, lambda: self._decode(key, array, ref, ahead))
 
     async def _decode(self, key: str, array: DecodedArray, ref: Ref, ahead: bool) -> Block:
+        began = trio.current_time()
+        ran: list[float] = []  # when a worker thread took the chunk, and how long it took
+
+        def decode() -> memoryview:
+            start = time.perf_counter()
+            try:
+                return array.decode(stored)
+            finally:
+                ran[:] = [start, time.perf_counter() - start]
+
         try:
+            t0 = time.perf_counter()
             stored = await self.read_stored(ref)
+            got = time.perf_counter()
             await self.budget.acquire(array.nbytes)
             try:
-                data = await trio.to_thread.run_sync(
-                    functools.partial(array.decode, stored), limiter=self.limiter
-                )
+                data = await self.pool.run(decode)
             finally:
                 await self.budget.release(array.nbytes)
         except DecodeError as e:
@@ -583,6 +599,10 @@ class ChunkDecoder:
             log.error("decode failed: key=%s codecs=%s: %s", key, "+".join(array.codecs) or "none", e)
             e.logged = True
             raise
+        if log.isEnabledFor(logging.DEBUG) and ran:
+            log.debug("decode %s: began %.6f, stored bytes in %.6f s, waited %.6f s for a thread, "
+                      "decoded in %.6f s%s", key, began, got - t0, ran[0] - got, ran[1],
+                      " (ahead)" if ahead else "")
         self.decoded += 1
         self.decoded_ahead += ahead
         if self.stats is not None:

@@ -14,7 +14,6 @@ has a deadline covering its retries; cancellation propagates into the asyncio ta
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import errno
 import functools
@@ -40,6 +39,7 @@ from .redact import redact_url
 from .singleflight import Flight
 from .stats import Stats
 from .urls import is_chained, protocol
+from .workers import await_future
 
 log = logging.getLogger(__name__)
 
@@ -165,24 +165,6 @@ async def await_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, 
         task.cancel()
         raise
     return task.result()
-
-
-async def await_future(fut: concurrent.futures.Future) -> Any:
-    """Wait in trio for a future completed by another thread; cancel it if we are."""
-    token = trio.lowlevel.current_trio_token()
-    done = trio.Event()
-
-    def wake(_: object) -> None:
-        with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(done.set)
-
-    fut.add_done_callback(wake)
-    try:
-        await done.wait()
-    except BaseException:
-        fut.cancel()
-        raise
-    return fut.result()
 
 
 class _Wanted(Flight[bytes]):

@@ -3,11 +3,13 @@
 
 The daemon logs, at debug level, each request to a target (``request URL bytes A-B: N
 bytes, began T, took D s``), each LOOKUP, each OPEN (``open ino I: pushed N bytes, began T,
-took D s``), each READ (``read ino I bytes A-B: began T, took D s``) and each RELEASE, on the
-trio clock. This prints,
-per time slice, how many requests were in flight and how many bytes they carried, how many
-OPENs and READs were waiting, and a summary: requests by size, time spent in each kind of
-operation, and the share of the run with no request in flight.
+took D s``), each READ (``read ino I bytes A-B: began T, took D s``), each RELEASE and, with
+``-o decode``, each chunk decoded (``decode KEY: began T, stored bytes in S s, waited W s
+for a thread, decoded in D s``), on the trio clock. This prints, per time slice, how many
+requests were in flight and how many bytes they carried, how many OPENs and READs were
+waiting, how many decodes waited for a worker thread (dec-q) and ran (dec), and a summary:
+requests by size, time spent in each kind of operation, and the share of the run with no
+request in flight.
 
 Usage:
     .venv/bin/python scripts/inflight.py refmount.log [--slice 0.01] [--rows 60]
@@ -24,18 +26,26 @@ from collections import Counter
 REQUEST = re.compile(r"request \S+ bytes (\d+)-(\d+): (\d+) bytes, began ([\d.]+), took ([\d.]+) s")
 OPEN = re.compile(r"open ino (\d+): pushed (\d+) bytes, began ([\d.]+), took ([\d.]+) s")
 READ = re.compile(r"read ino (\d+) bytes (\d+)-(\d+): began ([\d.]+), took ([\d.]+) s")
+DECODE = re.compile(r"decode \S+: began ([\d.]+), stored bytes in ([\d.]+) s, "
+                    r"waited ([\d.]+) s for a thread, decoded in ([\d.]+) s")
 OTHER = re.compile(r"(lookup|release) (?:ino|fh) \d+: began ([\d.]+), took ([\d.]+) s")
 
 
 def parse(path: str) -> dict[str, list[tuple[float, float, int]]]:
     """Per kind, (began, ended, bytes) of each operation."""
     out: dict[str, list[tuple[float, float, int]]] = {"request": [], "lookup": [], "open": [], "read": [],
-                                                      "release": []}
+                                                      "release": [], "decode queued": [], "decode": []}
     with open(path, errors="replace") as f:
         for line in f:
             if (m := REQUEST.search(line)) is not None:
                 t0, d = float(m[4]), float(m[5])
                 out["request"].append((t0, t0 + d, int(m[3])))
+            elif (m := DECODE.search(line)) is not None:
+                # from the stored bytes' arrival: waiting for a thread (and the bound on
+                # decoded bytes in flight), then decoding
+                t0 = float(m[1]) + float(m[2])
+                out["decode queued"].append((t0, t0 + float(m[3]), 0))
+                out["decode"].append((t0 + float(m[3]), t0 + float(m[3]) + float(m[4]), 0))
             elif (m := OPEN.search(line)) is not None:
                 t0, d = float(m[3]), float(m[4])
                 out["open"].append((t0, t0 + d, int(m[2])))
@@ -102,17 +112,20 @@ def main(argv: list[str]) -> int:
     n, b = in_flight(reqs, start, end)
     print(f"requests in flight: mean {n:.1f}, bytes in flight mean {b / 2**20:.1f} MiB; "
           f"no request in flight {idle_share(reqs):.0%} of the time")
-    print(f"\n{'t (ms)':>8} {'reqs':>5} {'MiB':>6} {'opens':>5} {'reads':>5}  started/ended")
+    print(f"\n{'t (ms)':>8} {'reqs':>5} {'MiB':>6} {'opens':>5} {'reads':>5} {'dec-q':>5} {'dec':>5}"
+          "  started/ended")
     t, row = start, 0
     while t < end and row < a.rows:
         t1 = t + a.slice
         rn, rb = in_flight(reqs, t, t1)
         on, _ = in_flight(ops["open"], t, t1)
         rdn, _ = in_flight(ops["read"], t, t1)
+        dq, _ = in_flight(ops["decode queued"], t, t1)
+        dn, _ = in_flight(ops["decode"], t, t1)
         began = sum(1 for s, _, _ in reqs if t <= s < t1)
         ended = sum(1 for _, e, _ in reqs if t <= e < t1)
-        print(f"{(t - start) * 1e3:8.0f} {rn:5.1f} {rb / 2**20:6.1f} {on:5.1f} {rdn:5.1f}  "
-              f"+{began}/-{ended}")
+        print(f"{(t - start) * 1e3:8.0f} {rn:5.1f} {rb / 2**20:6.1f} {on:5.1f} {rdn:5.1f} {dq:5.1f} "
+              f"{dn:5.1f}  +{began}/-{ended}")
         t, row = t1, row + 1
     return 0
 

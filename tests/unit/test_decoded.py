@@ -186,6 +186,7 @@ def test_decoder_shares_caches_and_bounds_bytes_in_flight():
             assert bytes(dec.ready(f"v/0.{i}")) == np.full(6, i, "<f4").tobytes()
         assert dec.ready("v/0.5") is None
         assert 0 < peak <= 2 * array.nbytes
+        dec.close()
 
     trio.run(main)
 
