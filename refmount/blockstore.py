@@ -32,6 +32,7 @@ from .stats import Stats
 log = logging.getLogger(__name__)
 
 Fetch = Callable[[], Awaitable[bytes]]
+Cat = Callable[[str, int, int], Awaitable[bytes]]  # bytes [start, end) of a target
 
 
 class BlockKey(NamedTuple):
@@ -41,6 +42,12 @@ class BlockKey(NamedTuple):
     url: str
     start: int
     length: int
+
+
+def block_of(url: str, base: int, total: int, block_size: int, b: int) -> BlockKey:
+    """Block ``b`` of the ``total`` bytes of ``url`` from ``base``, cut into ``block_size``
+    blocks from ``base`` (the last one may be shorter)."""
+    return BlockKey(url, base + b * block_size, min(block_size, total - b * block_size))
 
 
 class BlockStore:
@@ -55,8 +62,10 @@ class BlockStore:
         *,
         disk_writer: CacheWriter | None = None,
         stats: Stats,
+        cat: Cat | None = None,
     ) -> None:
         self.fetcher = fetcher
+        self._cat: Cat = cat if cat is not None else fetcher.cat_range
         self.memory = memory
         self.disk = disk
         self.disk_writer = disk_writer
@@ -65,6 +74,9 @@ class BlockStore:
         self._failed: LRU[BlockKey, tuple[float, BaseException]] = LRU(self.MAX_FAILURES)
         self._disk_threads = trio.CapacityLimiter(8)
         self._background: trio.Nursery | None = None
+        # The block if memory has it (refreshed as recently used; no stats counted): the
+        # memory cache's own lookup, with no call around it (a memory hit is the hot path).
+        self.cached: Callable[[BlockKey], Block | None] = memory.get
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Where background loads run: the daemon's nursery."""
@@ -74,11 +86,17 @@ class BlockStore:
     def background(self) -> trio.Nursery | None:
         return self._background
 
-    # ---- what is where, without I/O ------------------------------------------------------
-    def cached(self, key: BlockKey) -> Block | None:
-        """The block if memory has it (refreshed as recently used; no stats counted)."""
-        return self.memory.get(key)
+    @property
+    def loader(self) -> BlockStore | None:
+        """The store as the readahead policies' ``Loader``, once background loads can run
+        (attached to a nursery); None before."""
+        return self if self._background is not None else None
 
+    def fetch_of(self, key: BlockKey) -> Fetch:
+        """How to fetch the block from its target (with the ``cat`` the store was given)."""
+        return lambda: self._cat(key.url, key.start, key.start + key.length)
+
+    # ---- what is where, without I/O ------------------------------------------------------
     def busy(self, key: BlockKey) -> bool:
         """Whether the block is in memory or being loaded."""
         return key in self._flights or self.memory.get(key) is not None
@@ -109,6 +127,25 @@ class BlockStore:
             if data is not None or fetch is None:
                 return data
             # We joined a disk-only load that found nothing: load (and fetch) ourselves.
+
+    async def load_all(self, keys: list[BlockKey]) -> list[Block]:
+        """The blocks, loaded at once (each as ``load`` with ``fetch_of``); a failure is
+        raised as itself, not as an ExceptionGroup."""
+        parts: list[Block] = [b""] * len(keys)
+        errors: list[Exception] = []
+
+        async def get(i: int, key: BlockKey) -> None:
+            try:
+                parts[i] = await self.load(key, self.fetch_of(key))
+            except Exception as e:
+                errors.append(e)
+
+        async with trio.open_nursery() as nursery:
+            for i, key in enumerate(keys):
+                nursery.start_soon(get, i, key)
+        if errors:
+            raise errors[0]
+        return parts
 
     async def _load(self, key: BlockKey, fetch: Fetch | None, upto: bool) -> Block | None:
         failed = self._failed.peek(key)

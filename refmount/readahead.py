@@ -1,16 +1,21 @@
 """Readahead: what to load before a reader asks for it, and when to stop.
 
-One order detector (``OrderDetector``, with the rule ``continues``) decides whether reads go
-through a target in order; three policies decide what to load next, and ask the block store
-(the ``Loader`` interface: is a block there or coming, may it be on disk, load it in the
-background) or the fetcher for it:
+One rule says whether reads go on in order (``continues``: a read starting at most a slack
+past where the stream's reads got to, and at most some distance behind them); each policy
+applies it with its own slack, and ``OrderDetector`` applies it to the first reads of each
+target's keys. Three policies decide what to load next, all behind one interface
+(``Readahead``: ``note(stream, start, end, loader)``, a read happened there), and ask the
+block store for it (the ``Loader`` interface: is a block there or coming, may it be on disk,
+how to fetch it, load it in the background):
 
 * ``HandleReadahead`` — per open file of a large range or a whole target, read in blocks:
-  a window that doubles while the reader streams sequentially (up to ``max_readahead``)
-  and stops at the first seek.
-* ``TargetReadahead`` — across keys: a reader going through a target front to back (below).
-* ``GridReadahead`` — keys served from grid blocks on disk: while they follow on, the next
-  grid blocks are loaded from disk (never fetched), up to the end of what the disk has.
+  a window that doubles while each read starts exactly where the last ended (up to
+  ``max_readahead``) and stops at the first seek.
+* ``GridReadahead`` — keys served from grid blocks on disk: while they follow on (the same
+  block or the next), the next grid blocks are loaded from disk (never fetched), up to the
+  end of what the disk has.
+* ``TargetReadahead`` — across keys: a reader going through a target front to back (below);
+  it fetches stretches itself, and ``AcrossKeys`` puts it behind the interface.
 
 All per-target state is in bounded maps (``LRU``), and prefetched bytes within a capacity.
 
@@ -26,7 +31,7 @@ several at once), it fetches the stretch of the target that follows, in requests
 it while it is in flight — instead of being requested one by one.
 
 Stretches after the first start and end on the target's ``grid`` (the block size), and
-each whole grid block of a stretch is handed to ``on_block`` (the reader writes it to the
+each whole grid block of a stretch is handed to ``on_block`` (``GridBlocks`` writes it to the
 disk cache as one block instead of one file per key, and later serves keys from it).
 
 Only misses count (a reader served by the disk cache starts nothing), a run that jumps
@@ -40,12 +45,12 @@ from __future__ import annotations
 import bisect
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from collections.abc import Callable
+from typing import NamedTuple, Protocol, TypeVar
 
 import trio
 
-from .blockstore import BlockKey
+from .blockstore import BlockKey, Fetch, block_of
 from .cache import round_up
 from .inflight import LinkEstimates
 from .lru import LRU
@@ -87,7 +92,12 @@ class OrderDetector:
 
 
 class Loader(Protocol):
-    """What a readahead policy may ask of the block store."""
+    """What a readahead policy may ask of the block store (``BlockStore.loader``)."""
+
+    @property
+    def background(self) -> trio.Nursery | None:
+        """Where loads ahead run."""
+        ...
 
     def busy(self, key: BlockKey) -> bool:
         """In memory, or being loaded."""
@@ -95,10 +105,31 @@ class Loader(Protocol):
 
     def may_be_on_disk(self, key: BlockKey) -> bool: ...
 
-    def prefetch(self, key: BlockKey, fetch: Callable[[], Awaitable[bytes]] | None = None, *,
-                 upto: bool = False) -> None:
+    def fetch_of(self, key: BlockKey) -> Fetch:
+        """How to fetch the block from its target."""
+        ...
+
+    def prefetch(self, key: BlockKey, fetch: Fetch | None = None, *, upto: bool = False) -> None:
         """Load in the background (without ``fetch``: from disk only)."""
         ...
+
+
+S = TypeVar("S", contravariant=True)
+
+
+class Readahead(Protocol[S]):
+    """A readahead policy: told of each read, it loads what should follow.
+
+    ``note(stream, start, end, loader)``: bytes [start, end) of ``stream`` were read. What a
+    stream is depends on the policy: an open file (``OpenFile``), a target's keys served from
+    grid blocks (the target's URL), a target's keys read one by one (``TargetRead``). While
+    reads continue each other (``continues``, with the policy's own slack) the policy asks
+    ``loader`` for what follows, never more than its bound ahead of the reader; after a seek
+    it loads nothing until reads continue again. With ``loader`` None it only follows the
+    reads (there is no background to load in). It never waits: loads run in the loader's
+    background."""
+
+    def note(self, stream: S, start: int, end: int, loader: Loader | None) -> None: ...
 
 
 class ReadState:
@@ -111,21 +142,46 @@ class ReadState:
         self.window = 0
 
 
+class OpenFile(NamedTuple):
+    """An open file read in blocks: its ``ReadState``, and the bytes of the target it is
+    (``total`` bytes of ``url`` from ``base``)."""
+
+    state: ReadState
+    url: str
+    base: int
+    total: int
+
+
 class HandleReadahead:
     """Per open file read in blocks: the window grows (doubling from two blocks, up to
-    ``max_readahead``) while reads follow each other exactly, and is dropped at a seek (a
-    read elsewhere than where the last ended, other than a read from the start)."""
+    ``max_readahead``) while reads follow each other exactly (``continues`` with no slack
+    either way), and is dropped at a seek (a read elsewhere than where the last ended, other
+    than a read from the start). ``Readahead[OpenFile]``."""
 
     __slots__ = ("block_size", "max_readahead")
+
+    SLACK = 0  # a read continues only where the last one ended
+    BEHIND = 0
 
     def __init__(self, block_size: int, max_readahead: int) -> None:
         self.block_size = block_size
         self.max_readahead = max_readahead
 
+    def note(self, stream: OpenFile, start: int, end: int, loader: Loader | None) -> None:
+        """A read of [start, end) of an open file: its next blocks start loading."""
+        state, url, base, total = stream
+        ahead = self.advance(state, start, end, total)
+        if ahead and loader is not None:
+            for b in ahead:
+                key = block_of(url, base, total, self.block_size, b)
+                if not loader.busy(key):
+                    loader.prefetch(key, loader.fetch_of(key))
+
     def advance(self, state: ReadState, off: int, end: int, total: int) -> range:
         """A read of [off, end) of a file of ``total`` bytes: the blocks to load ahead."""
         bs = self.block_size
-        if off == state.last_end:
+        last_end = state.last_end
+        if continues(off, last_end, front=last_end, behind=self.BEHIND, slack=self.SLACK):
             state.window = min(max(state.window * 2, 2 * bs), self.max_readahead)
         elif off != 0:
             state.window = 0  # a seek: stop prefetching until the reader streams again
@@ -137,29 +193,39 @@ class HandleReadahead:
 
 
 class GridReadahead:
-    """Keys served from grid blocks: while they go on in order (the same block or the
-    next), the following blocks on disk are loaded ahead (up to ``max_readahead``), until
-    the first that the disk certainly lacks. A jump stops it until keys follow on again."""
+    """Keys served from grid blocks: while they go on in order (``continues`` in blocks: the
+    same block or the next), the following blocks on disk are loaded ahead (up to
+    ``max_readahead``), until the first that the disk certainly lacks. A jump stops it until
+    keys follow on again. ``Readahead[str]``: the stream is the target's URL."""
+
+    SLACK = 1  # blocks: a key in the next block continues
+    BEHIND = 0
 
     def __init__(self, block_size: int, max_readahead: int, max_targets: int = 10_000) -> None:
         self.block_size = block_size
         self.max_readahead = max_readahead
         self._runs: LRU[str, list[int]] = LRU(max_targets)  # [last block served, loaded up to]
 
-    def in_order(self, url: str, k: int) -> bool:
-        """Whether block ``k`` is where keys of ``url`` are being served from (or the next)."""
-        run = self._runs.peek(url)
-        return run is not None and run[0] <= k <= run[0] + 1
+    def _continues(self, k: int, last: int) -> bool:
+        return continues(k, last, front=last, behind=self.BEHIND, slack=self.SLACK)
 
-    def served(self, url: str, k: int, loader: Loader | None) -> None:
-        """A key was served from grid block ``k``: load the next blocks from disk."""
+    def in_order(self, url: str, start: int) -> bool:
+        """Whether a key of ``url`` from ``start`` continues the keys served (its block is
+        the last one served or the next)."""
+        run = self._runs.peek(url)
+        return run is not None and self._continues(start // self.block_size, run[0])
+
+    def note(self, stream: str, start: int, end: int, loader: Loader | None) -> None:
+        """A key [start, end) of the target ``stream`` was served from grid blocks: load the
+        next blocks from disk (``loader``: only blocks it may have on disk)."""
+        url, k = stream, (end - 1) // self.block_size
         run = self._runs.get(url)
         if run is None:
             self._runs.put(url, [k, k])
             return
         last, ahead = run
         run[0] = k
-        if not (last <= k <= last + 1) or loader is None:
+        if not self._continues(k, last) or loader is None:
             run[1] = k  # a jump: no readahead until keys follow on again
             return
         bs = self.block_size
@@ -176,6 +242,28 @@ class GridReadahead:
 
     def __len__(self) -> int:
         return len(self._runs)
+
+
+class TargetRead(NamedTuple):
+    """A key of ``url`` read: fetched on demand (``miss``; only these start a run), or served
+    from a prefetched stretch."""
+
+    url: str
+    miss: bool
+
+
+class AcrossKeys:
+    """``TargetReadahead`` as a ``Readahead[TargetRead]``: it fetches stretches itself (the
+    loader gives it the background to run them in)."""
+
+    __slots__ = ("target",)
+
+    def __init__(self, target: TargetReadahead) -> None:
+        self.target = target
+
+    def note(self, stream: TargetRead, start: int, end: int, loader: Loader | None) -> None:
+        nursery = loader.background if loader is not None else None
+        self.target.note(stream.url, start, end, nursery, miss=stream.miss)
 
 
 class _Run:

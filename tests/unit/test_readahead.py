@@ -93,31 +93,31 @@ class FakeLoader:
 def test_grid_readahead_loads_the_next_blocks_on_disk_while_keys_follow() -> None:
     ra = GridReadahead(block_size=MiB, max_readahead=4 * MiB)
     loader = FakeLoader(on_disk=set(range(100)))
-    ra.served(URL, 0, loader)  # the first: nothing yet
+    ra.note(URL, 0 * MiB, 0 * MiB + 1, loader)  # the first: nothing yet
     assert loader.started == []
-    ra.served(URL, 0, loader)
+    ra.note(URL, 0 * MiB, 0 * MiB + 1, loader)
     assert loader.started == [1, 2, 3, 4]  # within max_readahead
-    ra.served(URL, 1, loader)
+    ra.note(URL, 1 * MiB, 1 * MiB + 1, loader)
     assert loader.started == [1, 2, 3, 4, 5]
-    assert ra.in_order(URL, 2) and not ra.in_order(URL, 7)
+    assert ra.in_order(URL, 2 * MiB) and not ra.in_order(URL, 7 * MiB)
 
 
 def test_grid_readahead_stops_on_a_jump_and_where_the_disk_ends() -> None:
     ra = GridReadahead(block_size=MiB, max_readahead=8 * MiB)
     loader = FakeLoader(on_disk={0, 1, 2, 3, 50, 51, 52})
-    ra.served(URL, 0, loader)
-    ra.served(URL, 0, loader)
+    ra.note(URL, 0 * MiB, 0 * MiB + 1, loader)
+    ra.note(URL, 0 * MiB, 0 * MiB + 1, loader)
     assert loader.started == [1, 2, 3]  # not past the first block the disk lacks
-    ra.served(URL, 50, loader)  # a jump
+    ra.note(URL, 50 * MiB, 50 * MiB + 1, loader)  # a jump
     assert loader.started == [1, 2, 3]
-    ra.served(URL, 50, loader)
+    ra.note(URL, 50 * MiB, 50 * MiB + 1, loader)
     assert loader.started == [1, 2, 3, 51, 52]
 
 
 def test_grid_readahead_is_bounded_in_targets() -> None:
     ra = GridReadahead(block_size=MiB, max_readahead=MiB, max_targets=50)
     for i in range(500):
-        ra.served(f"u{i}", 0, None)
+        ra.note(f"u{i}", 0 * MiB, 0 * MiB + 1, None)
     assert len(ra) == 50
 
 
