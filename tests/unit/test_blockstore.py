@@ -7,84 +7,14 @@ from typing import Any
 
 import pytest
 import trio
-import trio.testing
+from support.fakes import URL, FakeDisk, FakeFetcher, FakeWriter, KiB, MiB, content, run
 
 from refmount.blockstore import BlockKey, BlockStore
 from refmount.cache import MemoryLRU
-from refmount.fetch import FetchError, PastEnd
-from refmount.inflight import LinkEstimates
+from refmount.fetch import FetchError
 from refmount.reader import ReadState, RefReader
 from refmount.refs import Ref, RefKind
 from refmount.stats import Stats
-
-KiB, MiB = 2**10, 2**20
-URL = "http://example.invalid/data.bin"
-
-
-_PATTERN = bytes(range(251)) * (65 * MiB // 251 + 1)  # byte i of the target is i % 251
-
-
-def content(start: int, end: int) -> bytes:
-    return _PATTERN[start:end]
-
-
-class NoPolicy:
-    def problem(self, url: str, *, resolve: bool) -> str | None:
-        return None
-
-
-class FakeFetcher:
-    """A target of ``size`` bytes answering after ``latency`` (virtual) seconds; records
-    every request. ``fail`` (an exception) makes every request fail after ``latency``."""
-
-    def __init__(self, size: int = 64 * MiB, latency: float = 0.05) -> None:
-        self.size_ = size
-        self.latency = latency
-        self.requests: list[tuple[int, int]] = []
-        self.fail: BaseException | None = None
-        self.links = LinkEstimates()  # as the Fetcher's: what readahead sizes its window from
-        self.policy = NoPolicy()
-
-    async def cat_range(self, url: str, start: int, end: int, *, upto: bool = False) -> bytes:
-        self.requests.append((start, end))
-        await trio.sleep(self.latency)
-        if self.fail is not None:
-            raise self.fail
-        if end > self.size_ and not upto:
-            raise PastEnd(url, start, end, self.size_, content(start, self.size_))
-        return content(start, min(end, self.size_))
-
-    async def size(self, url: str) -> int:
-        await trio.sleep(self.latency)
-        return self.size_
-
-
-class FakeDisk:
-    """A disk cache of the blocks in ``blocks``; its presence filter knows them exactly."""
-
-    def __init__(self) -> None:
-        self.blocks: dict[tuple[str, int, int], bytes] = {}
-        self.false_positives: set[tuple[str, int, int]] = set()
-        self.gets: list[tuple[str, int, int]] = []
-
-    def may_contain(self, url: str, start: int, length: int) -> bool:
-        return (url, start, length) in self.blocks or (url, start, length) in self.false_positives
-
-    def get(self, url: str, start: int, length: int, *, upto: bool = False) -> bytes | None:
-        self.gets.append((url, start, length))
-        return self.blocks.get((url, start, length))
-
-
-class FakeWriter:
-    def __init__(self) -> None:
-        self.submitted: list[tuple[str, int, int, int | None]] = []
-
-    def submit(self, url: str, start: int, data: Any, key_length: int | None = None) -> None:
-        self.submitted.append((url, start, len(data), key_length))
-
-
-def run(main: Callable[[], Awaitable[None]]) -> None:
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 def store(fetcher: FakeFetcher, *, memory: int = 64 * MiB, disk: FakeDisk | None = None,
@@ -216,6 +146,34 @@ def test_a_reader_that_joined_a_disk_only_load_fetches_when_it_finds_nothing() -
     run(main)
     assert got == [None, content(0, 4096)]
     assert f.requests == [(0, 4096)]
+
+
+def test_load_all_loads_blocks_at_once_and_raises_a_failure_as_itself() -> None:
+    f = FakeFetcher()
+    cats: list[tuple[str, int, int]] = []
+
+    async def cat(url: str, start: int, end: int) -> bytes:
+        cats.append((url, start, end))
+        return await f.cat_range(url, start, end)
+
+    s = BlockStore(f, MemoryLRU(64 * MiB), None, stats=Stats(), cat=cat)  # type: ignore[arg-type]
+    keys = [BlockKey(URL, i * 4096, 4096) for i in range(4)]
+    assert s.loader is None  # no background yet: nothing to load ahead in
+
+    async def main() -> None:
+        t0 = trio.current_time()
+        blocks = await s.load_all(keys)
+        assert [bytes(b) for b in blocks] == [content(k.start, k.start + k.length) for k in keys]
+        assert trio.current_time() - t0 == f.latency  # at once, not one after another
+        f.fail = FetchError(URL, "connection refused")
+        with pytest.raises(FetchError):  # not an ExceptionGroup
+            await s.load_all([BlockKey(URL, 10**6, 10), BlockKey(URL, 2 * 10**6, 10)])
+        async with trio.open_nursery() as n:
+            s.attach(n)
+            assert s.loader is s
+
+    run(main)
+    assert sorted(cats)[:4] == [(URL, k.start, k.start + k.length) for k in keys]  # the store's cat
 
 
 # ---- RefReader over the store ----------------------------------------------------------------

@@ -4,16 +4,24 @@ concurrent readers is in test_prefetch.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import pytest
 import trio
 import trio.testing
+from support.fakes import FakeLoader
 
-from refmount.blockstore import BlockKey
 from refmount.readahead import (
     SLACK,
+    AcrossKeys,
     GridReadahead,
     HandleReadahead,
+    OpenFile,
     OrderDetector,
+    Readahead,
     ReadState,
+    TargetRead,
     TargetReadahead,
     continues,
 )
@@ -74,50 +82,49 @@ def test_handle_readahead_stops_at_the_end_of_the_file() -> None:
         assert all(b < 6 for b in ahead)
 
 
-class FakeLoader:
-    def __init__(self, on_disk: set[int]) -> None:
-        self.on_disk = on_disk
-        self.started: list[int] = []
+def grid_loader(on_disk: set[int]) -> FakeLoader:
+    return FakeLoader(on_disk=lambda key: key.start // MiB in on_disk)
 
-    def busy(self, key: BlockKey) -> bool:
-        return key.start // MiB in self.started
 
-    def may_be_on_disk(self, key: BlockKey) -> bool:
-        return key.start // MiB in self.on_disk
+def key_in(k: int) -> tuple[int, int]:
+    """A small key inside grid block ``k``."""
+    return k * MiB + 10, k * MiB + 1000
 
-    def prefetch(self, key: BlockKey, fetch: object = None, *, upto: bool = False) -> None:
-        assert fetch is None and upto  # grid blocks only from disk
-        self.started.append(key.start // MiB)
+
+def started(loader: FakeLoader) -> list[int]:
+    """The grid blocks loaded ahead, all from disk."""
+    assert not any(loader.fetched)
+    return [start // MiB for start, _ in loader.loads]
 
 
 def test_grid_readahead_loads_the_next_blocks_on_disk_while_keys_follow() -> None:
     ra = GridReadahead(block_size=MiB, max_readahead=4 * MiB)
-    loader = FakeLoader(on_disk=set(range(100)))
-    ra.note(URL, 0 * MiB, 0 * MiB + 1, loader)  # the first: nothing yet
-    assert loader.started == []
-    ra.note(URL, 0 * MiB, 0 * MiB + 1, loader)
-    assert loader.started == [1, 2, 3, 4]  # within max_readahead
-    ra.note(URL, 1 * MiB, 1 * MiB + 1, loader)
-    assert loader.started == [1, 2, 3, 4, 5]
+    loader = grid_loader(set(range(100)))
+    ra.note(URL, *key_in(0), loader)  # the first: nothing yet
+    assert started(loader) == []
+    ra.note(URL, *key_in(0), loader)
+    assert started(loader) == [1, 2, 3, 4]  # within max_readahead
+    ra.note(URL, *key_in(1), loader)
+    assert started(loader) == [1, 2, 3, 4, 5]
     assert ra.in_order(URL, 2 * MiB) and not ra.in_order(URL, 7 * MiB)
 
 
 def test_grid_readahead_stops_on_a_jump_and_where_the_disk_ends() -> None:
     ra = GridReadahead(block_size=MiB, max_readahead=8 * MiB)
-    loader = FakeLoader(on_disk={0, 1, 2, 3, 50, 51, 52})
-    ra.note(URL, 0 * MiB, 0 * MiB + 1, loader)
-    ra.note(URL, 0 * MiB, 0 * MiB + 1, loader)
-    assert loader.started == [1, 2, 3]  # not past the first block the disk lacks
-    ra.note(URL, 50 * MiB, 50 * MiB + 1, loader)  # a jump
-    assert loader.started == [1, 2, 3]
-    ra.note(URL, 50 * MiB, 50 * MiB + 1, loader)
-    assert loader.started == [1, 2, 3, 51, 52]
+    loader = grid_loader({0, 1, 2, 3, 50, 51, 52})
+    ra.note(URL, *key_in(0), loader)
+    ra.note(URL, *key_in(0), loader)
+    assert started(loader) == [1, 2, 3]  # not past the first block the disk lacks
+    ra.note(URL, *key_in(50), loader)  # a jump
+    assert started(loader) == [1, 2, 3]
+    ra.note(URL, *key_in(50), loader)
+    assert started(loader) == [1, 2, 3, 51, 52]
 
 
 def test_grid_readahead_is_bounded_in_targets() -> None:
     ra = GridReadahead(block_size=MiB, max_readahead=MiB, max_targets=50)
     for i in range(500):
-        ra.note(f"u{i}", 0 * MiB, 0 * MiB + 1, None)
+        ra.note(f"u{i}", *key_in(0), None)
     assert len(ra) == 50
 
 
@@ -167,3 +174,75 @@ def test_target_readahead_forgets_old_targets() -> None:
             assert len(ra) == ra.MAX_RUNS
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+# ---- the one interface: every policy stops at a seek and stays within its bound --------------
+CHUNK = 256 * 1024
+MAX_AHEAD = 4 * MiB
+
+
+class Recorder(FakeLoader):
+    """The loader the policies ask (HandleReadahead, GridReadahead) and the target
+    TargetReadahead fetches from: every range asked for, as bytes of the target."""
+
+    async def cat_range(self, url: str, start: int, end: int, *, upto: bool = False) -> bytes:
+        self.loads.append((start, end))
+        self.fetched.append(True)
+        await trio.sleep(0.01)
+        return bytes(end - start)
+
+
+def handle_policy(rec: Recorder) -> tuple[Readahead[Any], Callable[[], object]]:
+    state = ReadState()
+    return HandleReadahead(MiB, MAX_AHEAD), lambda: OpenFile(state, URL, 0, 4096 * MiB)
+
+
+def grid_policy(rec: Recorder) -> tuple[Readahead[Any], Callable[[], object]]:
+    return GridReadahead(MiB, MAX_AHEAD), lambda: URL
+
+
+def target_policy(rec: Recorder) -> tuple[Readahead[Any], Callable[[], object]]:
+    ra = TargetReadahead(rec, Stats(), capacity=4 * MAX_AHEAD, max_window=MAX_AHEAD, grid=MiB)
+    return AcrossKeys(ra), lambda: TargetRead(URL, True)
+
+
+POLICIES = {  # how far past the furthest read each may load
+    "handle": (handle_policy, MAX_AHEAD + MiB),
+    "grid": (grid_policy, MAX_AHEAD + MiB),
+    "target": (target_policy, MAX_AHEAD + TargetReadahead.REQUEST_LIMIT),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_loads_ahead_in_order_within_its_bound_and_stops_at_a_seek(name: str) -> None:
+    make, bound = POLICIES[name]
+    phases: list[int] = []  # loads after each phase
+    leads: list[int] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            rec = Recorder(nursery)
+            policy, stream = make(rec)
+
+            async def read(chunks: list[int]) -> None:
+                for i in chunks:
+                    start, end = i * CHUNK, (i + 1) * CHUNK
+                    seen = len(rec.loads)
+                    policy.note(stream(), start, end, rec)
+                    await trio.sleep(0.005)  # loads started by this read begin meanwhile
+                    leads.extend(e - end for _, e in rec.loads[seen:])
+                await trio.sleep(1)
+                phases.append(len(rec.loads))
+
+            await read(list(range(64)))  # in order: 16 MiB
+            # seeks: far apart, never the next chunk or grid block
+            await read([4000 - 40 * j if j % 2 else 2000 + 40 * j for j in range(20)])
+            await read(list(range(5000, 5016)))  # in order again
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    in_order, after_seeks, again = phases
+    assert in_order > 0  # it read ahead
+    assert max(leads) <= bound  # never further ahead of the reader than its bound
+    assert after_seeks == in_order  # nothing at all while the reader seeks
+    assert again > after_seeks  # and it starts again once reads follow on
