@@ -4,9 +4,11 @@
 One file of incompressible bytes is served by nginx (own configuration, 127.0.0.1, free port)
 whose every response waits ``LATENCY`` ms before its first byte (Debian's echo module: a timer,
 no CPU per byte; Range requests and sendfile unchanged) and, with ``--bandwidth``, is capped
-per response by ``limit_rate``. For each chunk size, a Version 0 reference set describes the
-file as one zarr v2 array ``x`` (``<f8``, no compressor, chunks laid out in key order) plus
-``data.bin`` = the whole file.
+per response by ``limit_rate``. For each chunk size, a reference set describes the start of
+the file as one zarr v2 array ``x`` (``<f8``, no compressor, chunks laid out in key order:
+by default 4,096 x 64 KiB = 256 MiB, 1,024 x 1 MiB and 128 x 8 MiB = 1 GiB, so that each
+pass lasts long enough for readahead to reach its steady state) plus ``data.bin`` = the whole
+file (``--size``, 1 GiB).
 
 Rows, for each latency: zarr reading the whole array (one row per chunk size) and a sequential
 read of the whole file (1 MiB reads). Columns:
@@ -24,7 +26,7 @@ checks the array against the file. A pass longer than ``--timeout`` shows "timeo
 
 Usage:
     .venv/bin/python scripts/bench_latency.py                       # 0, 20, 50 ms; 64K/1M/8M chunks
-    .venv/bin/python scripts/bench_latency.py --latencies 20 --chunks 1m --repeat 3
+    .venv/bin/python scripts/bench_latency.py --latencies 20 --chunks 1m:512 --repeat 3
     .venv/bin/python scripts/bench_latency.py --bandwidth 100m      # + 100 MB/s per response
 """
 
@@ -69,8 +71,7 @@ class Failed(Exception):
     """A measurement that produced no number (shown in its cell)."""
 
 
-def write_refs(path: Path, url: str, size: int, chunk: int) -> None:
-    n = size // chunk
+def write_refs(path: Path, url: str, n: int, chunk: int) -> None:
     refs: dict[str, Any] = {
         ".zgroup": json.dumps({"zarr_format": 2}),
         "data.bin": [url],
@@ -102,7 +103,13 @@ class Run:
         self.args = args
         self.work = Path(args.work).resolve()
         self.size = parse_size(args.size)
-        self.chunks = [parse_size(c) for c in args.chunks.split(",")]
+        # (chunk size, number of chunks): an array of the first chunk * count bytes of the file
+        self.chunks: list[tuple[int, int]] = []
+        for spec in args.chunks.split(","):
+            size, _, count = spec.partition(":")
+            chunk = parse_size(size)
+            self.chunks.append((chunk, int(count) if count else self.size // chunk))
+        self.file_size = max([self.size, *(c * n for c, n in self.chunks)])
         self.peers = args.peers.split(",")
         self.data = self.work / "serve" / "data.bin"
         self.mnt = self.work / "mnt"
@@ -181,7 +188,7 @@ class Run:
                                    capture_output=True, text=True, timeout=timeout)
                 if r.returncode != 0:
                     raise Failed("dd failed")
-                return self.size / (time.perf_counter() - t0) / 1e6
+                return self.file_size / (time.perf_counter() - t0) / 1e6
             res = child("zarr", {"store": "mount", "root": str(mnt), "array": "x", "passes": 1,
                                  "local": str(self.data)}, timeout)
             return res["bytes"] / res["elapsed"] / 1e6
@@ -203,7 +210,7 @@ class Run:
     def run(self) -> list[list[str]]:
         for d in (self.data.parent, self.mnt, self.logs):
             d.mkdir(parents=True, exist_ok=True)
-        bl.ensure_data(self.data, self.size, self.log)
+        bl.ensure_data(self.data, self.file_size, self.log)
         rows: list[list[str]] = []
         for latency in [float(x) for x in self.args.latencies.split(",")]:
             nginx = bl.Nginx(self.data.parent, self.work / "nginx", latency_ms=latency,
@@ -212,12 +219,12 @@ class Run:
             try:
                 bl.warm_file(self.data)
                 url = nginx.url("data.bin")
-                cases: list[tuple[str, int | None]] = [
-                    (f"zarr, {human(c)} chunks ({self.size // c:,})", c) for c in self.chunks]
-                cases.append(("whole file, sequential 1 MiB reads", None))
-                for label, chunk in cases:
+                cases: list[tuple[str, int | None, int]] = [
+                    (f"zarr, {n:,} x {human(c)} chunks", c, n) for c, n in self.chunks]
+                cases.append((f"whole file ({human(self.file_size)}), sequential 1 MiB reads", None, 0))
+                for label, chunk, count in cases:
                     refs = self.work / f"refs-{chunk or 0}.json"
-                    write_refs(refs, url, self.size, chunk or self.chunks[0])
+                    write_refs(refs, url, count, chunk or bl.MiB)
                     row = [f"{latency:g} ms", label]
                     for peer in self.peers:
                         tag = f"{latency:g}ms-{chunk or 'seq'}-{peer}"
@@ -237,8 +244,9 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--latencies", default="0,20,50", help="ms before each response's first byte")
     p.add_argument("--bandwidth", default=None, help="nginx limit_rate per response, e.g. 100m")
-    p.add_argument("--chunks", default="64k,1m,8m", help="zarr chunk sizes")
-    p.add_argument("--size", default="256M", help="bytes in the array / file")
+    p.add_argument("--chunks", default="64k:4096,1m:1024,8m:128",
+                   help="zarr arrays: chunk size[:number of chunks] (default number: --size / chunk)")
+    p.add_argument("--size", default="1G", help="bytes of the file read whole (and the least it holds)")
     p.add_argument("--peers", default=",".join(PEERS), help=f"subset of {','.join(PEERS)}")
     p.add_argument("--repeat", type=int, default=1, help="cold passes per cell (median shown)")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds per pass")
