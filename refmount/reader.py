@@ -110,12 +110,14 @@ class RefReader:
         if ref.kind is not RefKind.RANGE or total > self.whole_fetch_limit:
             return await self._read_blocks(url, ref.offset, total, off, end, state)
         start = ref.offset
-        key = BlockKey(url, start, total)
-        store = self.store
-        cached = store.cached(key)  # a memory hit (most reads): one dict lookup
+        # A memory hit (most reads) is one dict lookup; the key is made without the
+        # Python-level __new__ a NamedTuple has (the same BlockKey, for half the time).
+        key = tuple.__new__(BlockKey, (url, start, total))
+        cached = self.store.cached(key)
         if cached is not None:
             self.stats.memory_hits += 1
             return memoryview(cached)[off:end]
+        store = self.store
         if not store.loading(key):
             in_order = self.order.follows(url, start, start + total) if off == 0 else False
             found = await self.target_readahead.lookup(url, start, start + total)
