@@ -144,7 +144,7 @@ class DiskCache:
         self._evicting = False
         self._writes_off_until = 0.0
         self._dirs_ready = False
-        self._direct = direct_io and hasattr(os, "O_DIRECT")
+        self._direct = direct_io and hasattr(os, "O_DIRECT")  # see ``direct``
         self._buffer = _AlignedBuffer()
         # Which blocks may be on disk: a bitmap over the first bits of the key digest, so
         # a miss (every cold read) is answered without a thread hop or a syscall. False
@@ -160,7 +160,13 @@ class DiskCache:
             url = self._target_key(url)
         return hashlib.sha256(f"{url}\0{start}\0{length}".encode()).digest()
 
-    def _path(self, digest: bytes) -> str:
+    @property
+    def direct(self) -> bool:
+        """Whether blocks are read with ``O_DIRECT`` (off if the file system refuses it)."""
+        return self._direct
+
+    def block_path(self, digest: bytes) -> str:
+        """Where the block with this key digest lives (``root/ab/abcd…``)."""
         h = digest.hex()
         return os.path.join(self.root, h[:2], h)
 
@@ -203,7 +209,7 @@ class DiskCache:
 
     def scan(self) -> None:
         """Learn which blocks are on disk (blocking; run in a thread once at start)."""
-        present = self._presence_from([os.path.basename(path) for _, _, path in self._files()])
+        present = self._presence_from([os.path.basename(path) for _, _, path in self.files()])
         with self._lock:
             if self._present is not None:  # blocks written during the scan
                 n = len(present)
@@ -230,7 +236,7 @@ class DiskCache:
         """The block of ``length`` bytes at ``start``; with ``upto``, a block stored under
         that key may be shorter (it ends at the end of its target)."""
         digest = self.key_digest(url, start, length)
-        path = self._path(digest)
+        path = self.block_path(digest)
         size = self.HEADER_SIZE + length
         try:
             fd, direct = self._open(path, os.O_RDONLY)
@@ -296,7 +302,7 @@ class DiskCache:
         now = time.monotonic()
         if now < self._writes_off_until or len(data) > self.capacity // 4:
             return
-        path = self._path(digest)
+        path = self.block_path(digest)
         header = self.HEADER.pack(self.MAGIC, len(data), xxhash.xxh3_128_digest(data), digest)
         size = self.HEADER_SIZE + len(data)
         # Unique per process and thread; the same block is never written twice at once
@@ -355,7 +361,9 @@ class DiskCache:
                 with self._lock:
                     self._evicting = False
 
-    def _files(self) -> list[tuple[float, int, str]]:
+    def files(self) -> list[tuple[float, int, str]]:
+        """(mtime, size, path) of every block file on disk (blocking: a directory walk);
+        temporary files left by a writer that died long ago are removed on the way."""
         out = []
         try:
             subdirs = list(os.scandir(self.root))
@@ -382,10 +390,10 @@ class DiskCache:
                 os.unlink(entry.path)
 
     def _scan_total(self) -> int:
-        return sum(size for _, size, _ in self._files())
+        return sum(size for _, size, _ in self.files())
 
     def evict(self) -> None:
-        files = sorted(self._files())
+        files = sorted(self.files())
         total = sum(size for _, size, _ in files)
         target = int(self.capacity * 0.9)
         for _, size, path in files:

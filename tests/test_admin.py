@@ -352,7 +352,7 @@ def test_daemon_logs_to_syslog(mount, hand, tmp_path, opts):
             messages = syslog.messages(timeout=1.0)
         finally:
             syslog.close()
-    assert not os.path.lexists(DEV_LOG) or os.stat(DEV_LOG).st_ino != syslog._ino
+    assert not os.path.lexists(DEV_LOG) or os.stat(DEV_LOG).st_ino != syslog.ino
     pid = m.procs[0].pid
     ours = [x for x in messages if re.match(rf"<\d+>refmount\[{pid}\]: ", x)]  # not other daemons'
     starts = [x for x in ours if START_RE.search(x)]

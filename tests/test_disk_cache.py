@@ -23,7 +23,7 @@ def test_temporary_files_left_by_a_crash_are_removed_and_fresh_ones_kept(tmp_pat
     never renamed or overwritten, and eviction does not count it, so it would take space
     for ever. Old ones go at the next scan; a young one may be another mount's write."""
     disk = DiskCache(str(tmp_path), 2**30)
-    block = disk._path(_put(disk, "u"))
+    block = disk.block_path(_put(disk, "u"))
     stale = f"{block[:-8]}00000000.4242.1.tmp"
     fresh = f"{block[:-8]}11111111.4243.1.tmp"
     for path in (stale, fresh):
@@ -46,7 +46,7 @@ def test_blocks_written_while_the_first_scan_runs_are_known(tmp_path, monkeypatc
     _put(disk, "before")
     listed = threading.Event()
     go_on = threading.Event()
-    files = disk._files
+    files = disk.files
 
     def slow_files():
         out = files()
@@ -54,7 +54,7 @@ def test_blocks_written_while_the_first_scan_runs_are_known(tmp_path, monkeypatc
         go_on.wait(10)
         return out
 
-    monkeypatch.setattr(disk, "_files", slow_files)
+    monkeypatch.setattr(disk, "files", slow_files)
     scanner = threading.Thread(target=disk.scan)
     scanner.start()
     assert listed.wait(10)

@@ -145,5 +145,5 @@ def test_small_blocks_read_from_disk_do_not_keep_their_read_buffer(tmp_path):
         assert got is not None and bytes(got) == data
         if length < DiskCache.COPY_BELOW:
             assert isinstance(got, bytes)
-        elif disk._direct:
+        elif disk.direct:
             assert isinstance(got, memoryview)

@@ -90,7 +90,7 @@ def test_filter_streams_in_bounded_pieces():
     total = 0
     while chunk := f.read(65536):
         assert len(chunk) <= 65536 + 9 + 37 * (65536 // 3)
-        assert len(f._carry) < 9
+        assert f.held_back < 9
         total += len(chunk)
     assert f.replaced == 100_000
     assert total == len(big) + 100_000 * (len('"' + "m" * 32 + 'NaN"') - 3)

@@ -82,6 +82,11 @@ class NonFiniteFilter:
         self._eof = False
         self.replaced = 0
 
+    @property
+    def held_back(self) -> int:
+        """Bytes read from the stream and not yet returned (at most a token's length)."""
+        return len(self._carry)
+
     def read(self, n: int = -1) -> bytes:
         if n == 0:  # ijson's probe for a binary stream
             return b""

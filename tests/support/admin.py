@@ -154,7 +154,7 @@ class SyslogSocket:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(DEV_LOG))
         os.chmod(DEV_LOG, 0o666)
-        self._ino = os.stat(DEV_LOG).st_ino
+        self.ino = os.stat(DEV_LOG).st_ino
 
     def messages(self, timeout: float = 0.0) -> list[str]:
         out = []
@@ -169,7 +169,7 @@ class SyslogSocket:
     def close(self) -> None:
         self.sock.close()
         with contextlib.suppress(FileNotFoundError):
-            if os.stat(DEV_LOG).st_ino == self._ino:
+            if os.stat(DEV_LOG).st_ino == self.ino:
                 os.unlink(DEV_LOG)
 
 
