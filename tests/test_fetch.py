@@ -87,7 +87,7 @@ class RangeIgnoringServer:
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            port = runner.addresses[0][1]
             self.url = f"http://127.0.0.1:{port}/big.bin"
             stop = asyncio.Event()
             self._stop = (asyncio.get_running_loop(), stop)
