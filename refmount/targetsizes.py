@@ -52,12 +52,10 @@ class TargetSizes:
         """The length of a range that runs past the end of its target, once the target's
         size is known (a fetch met its end, or it was measured): the bytes that exist.
         None for any other reference."""
-        if ref.kind is not RefKind.RANGE or ref.url is None:
+        if ref.kind is not RefKind.RANGE:
             return None
-        size = self._sizes.peek(ref.url)
-        if size is None or ref.offset + ref.length <= size:
-            return None
-        return max(size - ref.offset, 0)
+        length = self.known_length(ref)
+        return length if length is not None and length < ref.length else None
 
     def known_length(self, ref: Ref) -> int | None:
         """The bytes the reference serves, if known without I/O: all but a whole target
