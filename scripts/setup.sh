@@ -36,9 +36,11 @@ say() { printf 'setup: %s\n' "$*"; }
 # python3-venv: `python3 -m venv` on Debian's python3.
 # netcdf-bin (ncdump), nginx-light (HTTP range server), attr, curl, psmisc: demo and tests;
 # systemd: systemd-analyze verify of the unit files in tests;
-# gdal-bin (gdalinfo, gdal_translate): a non-Python client of -o decode in tests and the demo.
+# gdal-bin (gdalinfo, gdal_translate): a non-Python client of -o decode in tests and the demo;
+# cdo, nco (ncks): netCDF-C clients that compute statistics through -o decode in tests;
+# chromium: a real browser for the HTTP front end's CORS tests (headless).
 PKGS=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv
-    netcdf-bin nginx-light attr curl psmisc systemd gdal-bin)
+    netcdf-bin nginx-light attr curl psmisc systemd gdal-bin cdo nco chromium)
 if [ "$BENCH" -eq 1 ]; then
     PKGS+=(libfuse2)
 fi
