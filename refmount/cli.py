@@ -21,6 +21,7 @@ import tempfile
 import time
 
 from . import __version__
+from .cachedir import check_cache_dir
 from .config import MountConfig, apply_options, options_help, split_options
 from .errors import ConfigError, MountError
 from .mountpoint import check_mountpoint, recover_stale_mount
@@ -161,6 +162,8 @@ def _run(args: argparse.Namespace) -> int:
         if cfg.recover:
             recover_stale_mount(cfg.mountpoint)
         check_mountpoint(cfg.mountpoint)
+        if cfg.disk_cache:
+            check_cache_dir(cfg.cache_dir)  # before anything is written there
         launcher = DaemonLauncher(cfg.mountpoint)
         index_file = index_source(cfg)
         check_index_targets(cfg, index_file)
@@ -188,6 +191,8 @@ def _run_foreground(cfg: MountConfig) -> int:
         if cfg.recover:
             recover_stale_mount(cfg.mountpoint)
         check_mountpoint(cfg.mountpoint)
+        if cfg.disk_cache:
+            check_cache_dir(cfg.cache_dir)  # before anything is written there
     except MountError as e:
         return _fail(str(e))
     indexer = Indexer(cfg)

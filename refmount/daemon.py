@@ -39,6 +39,7 @@ from .refs import IndexFile, Ref, format_named
 from .refs.limits import Limits
 from .stats import Stats
 from .tree import Tree
+from .urlenv import environment_identity
 
 log = logging.getLogger("refmount")
 
@@ -52,10 +53,15 @@ def setup_logging(cfg: MountConfig, detached: bool) -> str:
         root.removeHandler(h)
     target = cfg.log or ("syslog" if detached else "stderr")
     handler: logging.Handler
+    nofollow = 0
     if target == "syslog" and not os.path.exists("/dev/log"):
-        process.private_dir(os.path.join(cfg.cache_dir, "log"))
+        try:
+            process.private_dir(os.path.join(cfg.cache_dir, "log"))
+        except process.UnsafeDirectory as e:
+            raise MountError(str(e)) from None
         name = cfg.mountpoint.strip("/").replace("/", "_") or "root"
         target = os.path.join(cfg.cache_dir, "log", f"{name}.log")
+        nofollow = os.O_NOFOLLOW
     if target == "stderr":
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(RedactingFormatter(LOG_FORMAT))
@@ -64,7 +70,7 @@ def setup_logging(cfg: MountConfig, detached: bool) -> str:
         handler.setFormatter(RedactingFormatter(f"refmount[{os.getpid()}]: %(levelname)s %(message)s"))
     else:
         # The log file is the mounting user's only: it names targets and keys.
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | nofollow, 0o600)
         try:
             process.private_file(fd)
         finally:
@@ -211,8 +217,10 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> Mount:
     disk = writer = None
     if cfg.disk_cache:
         # A reference's URL is resolved like the fetcher does (SOURCE's directory,
-        # remote_protocol), and the storage options (endpoint, ...) are part of the key.
-        options = hashlib.sha256(json.dumps(cfg.remote_options, sort_keys=True, default=str).encode())
+        # remote_protocol), and the storage options (endpoint, ...) and the environment the
+        # backends read them from (AWS_ENDPOINT_URL, ...: urlenv.py) are part of the key.
+        options = hashlib.sha256(json.dumps([cfg.remote_options, environment_identity()],
+                                            sort_keys=True, default=str).encode())
         tag, identity = options.hexdigest()[:16], fetcher.policy.cache_identity
         disk = DiskCache(cfg.cache_dir, cfg.cache_size, target_key=lambda url: f"{tag}\0{identity(url)}")
         writer = CacheWriter(disk, stats)

@@ -10,6 +10,7 @@ import fsspec
 from fsspec.compression import compr
 from fsspec.core import url_to_fs
 
+from ..urlenv import environment_identity
 from .limits import CountingReader, ExpansionGuard, Limits
 from .model import ReferenceSetError
 
@@ -63,5 +64,6 @@ def source_identity(source: str, target_options: dict[str, Any], salt: str) -> s
     }
     if not any(k != "size" for k in stamp):
         return None
-    blob = json.dumps([fs.unstrip_protocol(path), stamp, salt], sort_keys=True)
+    # The environment may change what SOURCE names (AWS_ENDPOINT_URL, ...): see urlenv.py.
+    blob = json.dumps([fs.unstrip_protocol(path), stamp, salt, environment_identity()], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:40]
