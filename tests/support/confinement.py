@@ -25,6 +25,31 @@ def as_nobody(*argv: str) -> subprocess.CompletedProcess:
         capture_output=True, timeout=60)
 
 
+OTHER_USER = "refmount-other"
+
+
+def other_user() -> int:
+    """The uid of a real second user (``refmount-other``, made with useradd if missing):
+    someone else on the machine, who prepares things for root's mounts."""
+    import pwd
+
+    try:
+        return pwd.getpwnam(OTHER_USER).pw_uid
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--user-group",
+                        "--shell", "/usr/sbin/nologin", OTHER_USER], check=True, timeout=60)
+        return pwd.getpwnam(OTHER_USER).pw_uid
+
+
+def as_user(uid: int, *argv: str) -> subprocess.CompletedProcess:
+    """Run ``argv`` as ``uid`` (its own group, no others)."""
+    import pwd
+
+    gid = pwd.getpwuid(uid).pw_gid
+    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", *argv],
+                          capture_output=True, timeout=60)
+
+
 def write_json(path: Path, obj) -> Path:
     path.write_text(json.dumps(obj))
     path.chmod(0o644)

@@ -71,6 +71,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def moto_s3(objects: dict[str, bytes]):
+    """moto's S3 server in a process of its own (moto keeps its buckets per process) on a free
+    loopback port, holding ``objects`` ("bucket/key": bytes); yields its endpoint URL."""
+    import s3fs
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while not _port_answers(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"moto server did not start (exit status {proc.poll()})")
+            time.sleep(0.1)
+        fs = s3fs.S3FileSystem(key="test", secret="test", skip_instance_cache=True,
+                               client_kwargs={"endpoint_url": endpoint, "region_name": "eu-west-1"})
+        for path, data in objects.items():
+            bucket = path.split("/", 1)[0]
+            if not fs.exists(bucket):
+                fs.mkdir(bucket)
+            fs.pipe(path, data)
+        yield endpoint
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def _port_answers(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
         return True
