@@ -215,6 +215,9 @@ def test_install_sh_installs_this_checkout(installed):
     assert INSTALLED_UNIT.read_bytes() == (SYSTEMD_DIR / "refmount@.service").read_bytes()
     example = Path("/etc/refmount/refmount.conf.example")
     assert example.read_bytes() == (SYSTEMD_DIR / "refmount.conf.example").read_bytes()
+    # a configuration copied from the example may hold credentials: root's alone
+    modes = [stat.S_IMODE(p.stat().st_mode) for p in (example.parent, example)]
+    assert modes == [0o700, 0o600], [oct(m) for m in modes]
 
 
 @pytest.mark.timeout(900)  # the first test to use the install waits for install.sh
