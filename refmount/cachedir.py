@@ -25,7 +25,7 @@ import os
 import stat
 
 from .errors import MountError
-from .process import UnsafeDirectory, directory_problem, private_dir
+from .process import UnsafeDirectory, directory_problem, make_private, private_dir
 
 SUBDIRS = ("index", "blocks", "log")
 BLOCK_SUBDIRS = tuple(f"{i:02x}" for i in range(256))
@@ -63,7 +63,9 @@ def _check_ancestors(path: str) -> None:
 
 def check_cache_dir(cache_dir: str) -> None:
     """Refuse (``MountError``, one line naming the directory and what to do) a cache
-    directory another user could change; create it if missing. See the module's doc."""
+    directory another user could change; create it if missing. See the module's doc. A cache
+    directory that cannot be used at all (a read-only file system, a file in the way) is not
+    refused: the mount then caches in memory only, with one warning when it first writes."""
     path = os.path.abspath(cache_dir)
     try:
         _check_ancestors(path)  # as given: a symlink on the way is root's or ours
@@ -77,9 +79,8 @@ def check_cache_dir(cache_dir: str) -> None:
             _check_existing(os.path.join(blocks, sub))
     except UnsafeDirectory as e:
         raise MountError(str(e)) from None
-    except OSError as e:
-        raise MountError(f"cache directory {cache_dir}: {e.strerror}: fix it, or choose another "
-                         "cache_dir") from None
+    except OSError:
+        return  # unusable, not unsafe: the writers say so (DiskCache.put_digest)
 
 
 def _check_existing(path: str) -> None:
@@ -87,8 +88,9 @@ def _check_existing(path: str) -> None:
         st = os.lstat(path)
     except FileNotFoundError:
         return
+    if st.st_uid == os.geteuid() and not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+        return  # a file of ours in the way: unusable, not unsafe
     problem = directory_problem(path, st)
     if problem is not None:
         raise problem
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(path, 0o700, follow_symlinks=False)
+    make_private(path, st)

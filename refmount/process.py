@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import asyncio.selector_events
+import contextlib
 import ctypes
 import errno
 import functools
@@ -107,8 +108,16 @@ def private_dir(path: str) -> None:
     problem = directory_problem(path, st)
     if problem is not None:
         raise problem
+    make_private(path, st)
+
+
+def make_private(path: str, st: os.stat_result) -> None:
+    """Mode 0700 for a directory of ours (``st``: its ``lstat``) that others may enter or
+    read; where that fails (a read-only file system) it stays as it is: nobody else can write
+    to it, and nothing new gets written there either."""
     if stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(path, 0o700, follow_symlinks=False)
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o700, follow_symlinks=False)
 
 
 def private_file(fd: int) -> None:

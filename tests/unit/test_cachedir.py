@@ -168,3 +168,17 @@ def test_index_files_are_read_only_if_ours_and_not_through_a_symlink(tmp_path: P
         assert write_temporary_index(table, {}) != temporary
     finally:
         os.unlink(temporary)
+
+
+def test_an_unusable_cache_dir_is_not_refused(tmp_path: Path) -> None:
+    """A file of ours in the way is unusable, not unsafe: the mount goes on and caches in
+    memory only (the writer warns once); a symlink in its place is refused."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "blocks").write_text("not a directory\n")
+    check_cache_dir(str(cache))
+    (tmp_path / "file").write_text("")
+    check_cache_dir(str(tmp_path / "file"))
+    (cache / "blocks").unlink()
+    (cache / "blocks").symlink_to(tmp_path)
+    assert "blocks is a symlink" in refused(cache)
