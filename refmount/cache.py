@@ -145,6 +145,7 @@ class DiskCache:
         self._evicting = False
         self._writes_off_until = 0.0
         self._dirs_ready = False
+        self._uid = os.geteuid()  # block files are this user's, or not read
         self._direct = direct_io and hasattr(os, "O_DIRECT")  # see ``direct``
         self._buffer = _AlignedBuffer()
         # Which blocks may be on disk: a bitmap over the first bits of the key digest, so
@@ -253,7 +254,7 @@ class DiskCache:
             return None
         try:
             st = os.fstat(fd)
-            if st.st_uid != os.geteuid():
+            if st.st_uid != self._uid:
                 raise OSError(errno.EPERM, f"owned by uid {st.st_uid}, not by this mount's user")
             if upto and self.HEADER_SIZE < st.st_size < size:
                 size = st.st_size
