@@ -370,9 +370,10 @@ OPTIONS: tuple[Option, ...] = (
            "do not store chunks read ahead in the kernel's page cache when they are opened "
            "(each then costs a READ round trip)", field="page_push"),
     Option("decode", Flag(), False,
-           "serve every zarr chunk decoded (compressor and filters applied, little-endian) and "
-           "each .zarray without codecs, so that readers without the codecs (ncdump, GDAL) read "
-           "all arrays"),
+           "serve every zarr chunk decoded (compressor and filters applied, little-endian), "
+           "each .zarray without codecs and each .zattrs with the typed _FillValue netCDF-C "
+           "needs, so that readers without the codecs (ncdump, CDO, NCO, GDAL) read all arrays "
+           "as the original files describe them"),
     # fetching
     Option("timeout", Seconds(), 30.0,
            "time limit for one read's fetch, retries included; a read that waited for a "
