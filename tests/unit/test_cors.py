@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from refmount.cors import cors_headers, origin_allowed, parse_origins, preflight_headers
+from refmount.cors import cors_headers, cors_problem, origin_allowed, parse_origins, preflight_headers
 
 VIEWER = "https://viewer.example.org"
 EXPOSE = "Content-Range, Content-Length, ETag, Accept-Ranges"
@@ -59,3 +59,14 @@ def test_preflight_refusals() -> None:
     ):
         assert "Access-Control-Allow-Methods" not in h
         assert "Access-Control-Allow-Headers" not in h
+
+
+def test_problem_with_a_cors_value() -> None:
+    for good in ("*", VIEWER, "http://127.0.0.1:8080", "https://a.org|https://b.org:8443/",
+                 "http://[::1]:9000", "HTTPS://Viewer.Example.org"):
+        assert cors_problem(good) is None, good
+    for bad in ("", "  ", "viewer.example.org", "https://a.org/path", "ftp://a.org",
+                "https://user@a.org", "https://a.org|nope", "https://a.org?x=1"):
+        problem = cors_problem(bad)
+        assert problem is not None and problem.startswith("cors"), bad
+        assert "\n" not in problem
