@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from refmount.cors import cors_headers, cors_problem, origin_allowed, parse_origins, preflight_headers
 
 VIEWER = "https://viewer.example.org"
@@ -30,6 +33,8 @@ def test_origin_list() -> None:
     assert cors_headers(allowed, "https://evil.example.org") == {"Vary": "Origin"}
     assert cors_headers(allowed, None) == {"Vary": "Origin"}
     assert cors_headers(allowed, "null") == {"Vary": "Origin"}
+    for sneaky in (VIEWER + "\r\nSet-Cookie: x=1", " " + VIEWER, VIEWER + "\n", VIEWER + "\t"):
+        assert cors_headers(allowed, sneaky) == {"Vary": "Origin"}, sneaky
     assert origin_allowed("https://a.example.org https://b.example.org", "https://b.example.org")
     assert not origin_allowed(VIEWER, VIEWER + ".evil.org")
     assert parse_origins("https://a.example.org|*") is None
@@ -70,3 +75,10 @@ def test_problem_with_a_cors_value() -> None:
         problem = cors_problem(bad)
         assert problem is not None and problem.startswith("cors"), bad
         assert "\n" not in problem
+
+
+@given(st.text(max_size=60), st.one_of(st.none(), st.text(max_size=40)), st.text(max_size=40))
+def test_any_input_is_answered(allowed: str, origin: str | None, asked: str) -> None:
+    headers = preflight_headers(allowed, origin, "GET", asked)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+    assert cors_problem(allowed) is None or cors_problem(allowed).startswith("cors")
