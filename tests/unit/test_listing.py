@@ -181,3 +181,8 @@ def test_streamed_in_bounded_pieces() -> None:
 )
 def test_wants_json(accept: str | None, query: str, expected: bool) -> None:
     assert wants_json(accept, query) is expected
+
+
+@given(st.text(max_size=80), st.text(max_size=40))
+def test_wants_json_answers_any_header(accept: str, query: str) -> None:
+    assert wants_json(accept, query) in (True, False)
