@@ -21,7 +21,7 @@ import tempfile
 import time
 
 from . import __version__
-from .config import MountConfig, apply_options, options_help, split_options
+from .config import MountConfig, apply_options, did_you_mean, options_help, split_options
 from .errors import ConfigError, MountError
 from .mountpoint import check_mountpoint, recover_stale_mount
 from .policy import TargetRefused, check_targets
@@ -133,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in SUBCOMMANDS:
             _stderr_warnings()
             return _run_tool(argv[0], argv[1:])
+        if argv and (hint := _mistyped_command(argv[0])):
+            return _fail(hint)
         args = _parser().parse_args(argv)
         return _run(args)
     except (ReferenceSetError, ConfigError, RuntimeError) as e:
@@ -144,6 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # never a traceback for bad input: one line, non-zero exit
         log.debug("unexpected error", exc_info=True)
         return _fail(f"unexpected {type(e).__name__}: {e}")
+
+
+def _mistyped_command(word: str) -> str | None:
+    """``refmount stat /mnt`` would mount a SOURCE named 'stat': a first word that is no
+    file and no URL but close to a command is reported as a mistyped command."""
+    if word.startswith("-") or "://" in word or "::" in word or os.path.lexists(word):
+        return None
+    hint = did_you_mean(word, SUBCOMMANDS)
+    return f"unknown command {word!r}{hint}" if hint else None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -160,7 +171,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if cfg.recover:
             recover_stale_mount(cfg.mountpoint)
-        check_mountpoint(cfg.mountpoint)
+        check_mountpoint(cfg.mountpoint, cfg.nonempty)
         launcher = DaemonLauncher(cfg.mountpoint)
         index_file = index_source(cfg)
         check_index_targets(cfg, index_file)
@@ -187,7 +198,7 @@ def _run_foreground(cfg: MountConfig) -> int:
     try:
         if cfg.recover:
             recover_stale_mount(cfg.mountpoint)
-        check_mountpoint(cfg.mountpoint)
+        check_mountpoint(cfg.mountpoint, cfg.nonempty)
     except MountError as e:
         return _fail(str(e))
     indexer = Indexer(cfg)
@@ -200,9 +211,9 @@ def _run_foreground(cfg: MountConfig) -> int:
         index_file = indexer.result()
     except IndexerError as e:
         return _fail(str(e))
-    setup_logging(cfg, detached=False)
+    log_target = setup_logging(cfg, detached=False)
     try:
-        return serve(cfg, index_file, on_ready=lambda: None)
+        return serve(cfg, index_file, on_ready=lambda: None, log_target=log_target)
     except MountError as e:
         return _fail(str(e))
     finally:
