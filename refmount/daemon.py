@@ -323,13 +323,22 @@ async def _fuse_main(cfg: MountConfig, nursery: trio.Nursery) -> None:
     nursery.cancel_scope.cancel()  # unmounted from outside (fusermount3 -u)
 
 
+# After a stop signal, requests in flight get this long to finish; then they are cancelled
+# (fetches included) and their readers get an error once the mount is gone. Far inside
+# systemd's stop timeout, whatever the fetch timeout is.
+STOP_GRACE = 1.5
+
+
 async def _stop_on_signal(nursery: trio.Nursery) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("received %s, unmounting", signal.Signals(signum).name)
             sd_notify("STOPPING=1")
             pyfuse3.terminate()
-            return
+            break
+    await trio.sleep(STOP_GRACE)  # cancelled with the nursery when main() ends by itself
+    log.warning("requests still in flight %.1f s after the stop signal: cancelled", STOP_GRACE)
+    nursery.cancel_scope.cancel()
 
 
 def set_kernel_readahead(dev: int, kb: int) -> None:

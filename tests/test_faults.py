@@ -623,11 +623,12 @@ def test_signal_unmounts_and_daemon_exits_0(srv, tmp_path, mount, sig):
 
 
 def test_sigterm_with_a_read_stalled_in_flight(srv, tmp_path, mount):
-    """A fetch that hangs does not keep the daemon from unmounting and exiting 0 (within the
-    fetch timeout), and the stalled reader gets an error rather than hanging."""
+    """A fetch that hangs does not keep the daemon from unmounting and exiting 0 within 5 s,
+    whatever ``timeout`` is (systemd's stop timeout is shorter than a long fetch timeout), and
+    the stalled reader gets an error rather than hanging."""
     ds = HttpSet(srv, tmp_path, {"slow": 20 * KiB, "a": 10 * KiB})
-    srv.add_fault(ds.paths["slow"], "stall", times=None, seconds=60)
-    r = Reaped(mount, ds.source, "no_disk_cache", "timeout=4")
+    srv.add_fault(ds.paths["slow"], "stall", times=None, seconds=90)
+    r = Reaped(mount, ds.source, "no_disk_cache", "timeout=60")
     try:
         assert r.line("cli", 60) == "cli 0", (r.lines, r.err.read_text(errors="replace"))
         daemon = the_daemon(r.m)
@@ -639,7 +640,7 @@ def test_sigterm_with_a_read_stalled_in_flight(srv, tmp_path, mount):
         daemon.send_signal(signal.SIGTERM)
         done = r.line("daemon", 20)
         assert done == f"daemon {daemon.pid} 0", (done, r.m.log_text(20))
-        assert time.monotonic() - t0 < 4 + 5
+        assert time.monotonic() - t0 < 5, time.monotonic() - t0
         t.join(10)
         assert not t.is_alive(), "the stalled reader hangs after the daemon exited"
         assert isinstance(result["got"], int), result
