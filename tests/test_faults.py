@@ -240,6 +240,46 @@ BAD_RESPONSES = {
 }
 
 
+@contextlib.contextmanager
+def python_http_server(root: Path):
+    """``python -m http.server`` on loopback: a real server without Range support."""
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0"],
+                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # "Serving HTTP on 127.0.0.1 port N (...)"
+        port = int(line.split(" port ")[1].split()[0])
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_server_that_ignores_range_is_named_once_and_not_retried(tmp_path, mount):
+    """A target server without Range support: each read fails at once (no retries), and one
+    log line names the server and what to do."""
+    served = tmp_path / "served"
+    served.mkdir()
+    blob = random.Random(7).randbytes(200 * KiB)
+    (served / "blob.bin").write_bytes(blob)
+    with python_http_server(served) as (url, proc):
+        refs = {"a": [f"{url}/blob.bin", 1000, 5000], "b": [f"{url}/blob.bin", 9000, 100],
+                "here": "inline"}
+        src = tmp_path / "refs.json"
+        src.write_text(json.dumps(refs))
+        m = mount(src, *http_opts("retries=3", "timeout=30"))
+        t0 = time.monotonic()
+        assert read_or_errno(m / "a") == errno.EIO
+        assert read_or_errno(m / "b") == errno.EIO
+        assert time.monotonic() - t0 < 5
+        assert (m / "here").read_bytes() == b"inline"
+        proc.terminate()
+        requests = [ln for ln in proc.stderr.read().splitlines() if '"GET /blob.bin' in ln]
+    assert 2 <= len(requests) <= 4, requests  # one per read that reached the daemon
+    assert stats(m)["retries"] == 0
+    named = log_lines(m, "ignores Range requests (it answers 200 with the whole file)")
+    assert len(named) == 1 and url.removeprefix("http://") in named[0], m.log_text(20)
+
+
 @pytest.mark.parametrize("layout", ["range-ref", "whole-file-blocks"])
 def test_short_or_wrong_responses_are_never_served(srv, tmp_path, mount, layout):
     """Every kind of bad answer, on every attempt: EIO (logged with key and URL), never the
