@@ -175,8 +175,7 @@ def _run(args: argparse.Namespace) -> int:
         launcher = DaemonLauncher(cfg.mountpoint)
         index_file = index_source(cfg)
         check_index_targets(cfg, index_file)
-        if cfg.decode:
-            _warn_not_decoded(cfg, index_file)
+        advise_on_decoding(cfg, index_file)
     except BaseException as e:
         if launcher is not None:
             launcher.abort()
@@ -232,14 +231,28 @@ def check_index_targets(cfg: MountConfig, index_file: IndexFile) -> None:
     check_targets(cfg, format_named(index_file.kind).targets(index_file))
 
 
-def _warn_not_decoded(cfg: MountConfig, index_file: IndexFile) -> None:
-    """With ``-o decode``, the arrays served as referenced are named here on stderr too: a
-    detached daemon's warnings go to its log."""
+def advise_on_decoding(cfg: MountConfig, index_file: IndexFile) -> None:
+    """On stderr before the daemon takes over (its warnings go to its log): with ``-o decode``,
+    the arrays served as referenced; without it, one note when some arrays are compressed or
+    big-endian, which clients without zarr's codecs (ncdump, CDO, NCO, GDAL) would read as
+    plausible wrong numbers."""
     from .decoded import DecodedView
 
     metadata = format_named(index_file.kind).metadata(index_file, cfg.source, cfg.target_options,
                                                       bad_keys=cfg.bad_keys)
-    DecodedView.from_index(metadata).warn()
+    view = DecodedView.from_index(metadata)
+    if cfg.decode:
+        view.warn()
+        return
+    if not view.arrays:
+        return
+    names = sorted(path or "/" for path in view.arrays)
+    codecs = sorted({c for path in view.arrays for c in view.codecs.get(path, [])})
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    how = f"use codecs ({', '.join(codecs)})" if codecs else "are stored big-endian"
+    print(f"refmount: note: arrays {shown} {how}: clients without zarr's codecs (ncdump, CDO, "
+          "NCO, GDAL) would read their chunks as raw bytes; mount with -o decode for them",
+          file=sys.stderr)
 
 
 def _remove_temporary(index_file: IndexFile) -> None:

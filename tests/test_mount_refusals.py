@@ -1,7 +1,7 @@
 """Refusals that name the cause and the next step: a FUSE mount that the kernel side refuses
 (no access to /dev/fuse, allow_other without user_allow_other) with libfuse's own reason, a
 non-empty mountpoint, a mistyped option or command; ``refmount stats`` of a failing and of a
-dead mount."""
+dead mount; the note that names compressed arrays when ``decode`` is off."""
 
 from __future__ import annotations
 
@@ -153,3 +153,14 @@ def test_start_line_names_options_as_written(mount, datasets):
     assert "umask=027" in start[0] and 'remote_options={"secret_key":***}' in start[0], start[0]
     assert "s3nt1nel" not in text
     assert "memory_cache_size" not in start[0]  # option names, not field names
+
+
+def test_a_note_names_compressed_arrays_when_decode_is_off(mount, datasets):
+    m = mount(datasets.refs["nc4_local"])
+    notes = [ln for ln in m.result.stderr_lines if ln.startswith("refmount: note:")]
+    assert len(notes) == 1 and "-o decode" in notes[0] and "counts, flags" in notes[0], m.result.stderr
+    assert "zlib" in notes[0] and "ncdump" in notes[0], notes[0]
+    m = mount(datasets.refs["nc4_local"], "decode")
+    assert not [ln for ln in m.result.stderr_lines if "note:" in ln], m.result.stderr
+    m = mount(datasets.refs["hand_local"])  # no arrays: nothing to say
+    assert m.result.stderr == "", m.result.stderr
