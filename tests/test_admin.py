@@ -763,6 +763,35 @@ def test_mounted_without_mountpoint_uses_and_removes_a_temporary_dir(datasets, t
     assert not wait_gone(procs, 15)
 
 
+def test_mounted_temporary_mountpoints_share_one_log_file(datasets, tmp_path):
+    """Without syslog, mounts on temporary mountpoints log to one file, not one per mount."""
+    if os.path.exists("/dev/log"):
+        pytest.skip("this machine has syslog: detached mounts log there, to no file")
+    cache = tmp_path / "cache"
+    for _ in range(2):
+        with refmount.mounted(datasets.refs["hand_local"], cache_dir=str(cache)) as path:
+            assert Path(path, "hello.txt").read_bytes() == b"hello world\n"
+    logs = sorted(p.name for p in (cache / "log").iterdir())
+    assert logs == ["mounted.log"], logs
+    assert len(START_RE.findall((cache / "log" / "mounted.log").read_text())) == 2
+
+
+def test_mounted_with_a_file_still_open_warns_and_detaches(hand, tmp_path, caplog):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    t0 = time.monotonic()
+    with refmount.mounted(hand.path, mnt, **py_opts(tmp_path, "g")) as path:
+        held = open(Path(path, "hello.txt"), "rb")  # noqa: SIM115 (held open past the block)
+    took = time.monotonic() - t0
+    try:
+        assert not is_mounted(mnt), "still mounted after the with block"
+        assert took < 15, took
+        busy = [r.getMessage() for r in caplog.records if "is busy" in r.getMessage()]
+        assert len(busy) == 1 and str(mnt) in busy[0] and "still open" in busy[0], caplog.text
+    finally:
+        held.close()
+
+
 def test_mounted_unmounts_on_exception(hand, tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
