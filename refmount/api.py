@@ -13,9 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .config import default_cache_dir
 from .errors import MountError
-from .process import private_dir
 
 __all__ = ["MountError", "is_mounted", "mounted", "unmount"]
 
@@ -79,6 +77,9 @@ def mounted(source: str | os.PathLike[str], mountpoint: str | os.PathLike[str] |
     if tmp and "log" not in options and not os.path.exists("/dev/log"):
         # Without syslog a detached daemon logs to a file named after its mountpoint: one
         # file for all temporary mountpoints, not one per mount.
+        from .config import default_cache_dir
+        from .process import private_dir
+
         log_dir = os.path.join(os.fspath(options.get("cache_dir") or default_cache_dir()), "log")
         private_dir(log_dir)
         options = {**options, "log": os.path.join(log_dir, "mounted.log")}

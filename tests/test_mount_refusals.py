@@ -10,12 +10,14 @@ import errno
 import json
 import os
 import signal
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 from support.confinement import interpreter_for_others, mkdir_public, refmount_as_nobody, write_json
-from support.mounts import daemon_procs, is_mounted, run_cli, wait_gone
+from support.mounts import assert_cli_error, daemon_procs, is_mounted, run_cli, wait_gone
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
@@ -164,3 +166,42 @@ def test_a_note_names_compressed_arrays_when_decode_is_off(mount, datasets):
     assert not [ln for ln in m.result.stderr_lines if "note:" in ln], m.result.stderr
     m = mount(datasets.refs["hand_local"])  # no arrays: nothing to say
     assert m.result.stderr == "", m.result.stderr
+
+
+@contextlib.contextmanager
+def black_hole():
+    """A loopback port that accepts connections (the kernel's backlog) and never answers."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    try:
+        yield s.getsockname()[1]
+    finally:
+        s.close()
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.mark.parametrize("foreground", [False, True], ids=["detached", "foreground"])
+def test_a_source_that_never_answers_is_refused_within_the_timeout(tmp_path, foreground):
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    with black_hole() as port:
+        t0 = time.monotonic()
+        r = run_cli(f"http://127.0.0.1:{port}/refs.json", mnt, "-o", "timeout=2",
+                    *(["-f"] if foreground else []))
+        took = time.monotonic() - t0
+    assert_cli_error(r, mnt, "no answer within 2 s", "timeout")
+    assert took < 15, took
+
+
+def test_a_refused_connection_and_an_unknown_host_are_named(mount_fails):
+    mount_fails(f"http://127.0.0.1:{closed_port()}/refs.json", must_mention=("connection refused",))
+    mount_fails("http://no-such-host.invalid/refs.json", "timeout=10",
+                must_mention=("unknown host",))
