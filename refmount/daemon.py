@@ -17,7 +17,6 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from typing import Any
 
 import pyfuse3
 import trio
@@ -25,11 +24,12 @@ import trio
 from . import guestloop, process
 from .cache import Block, DiskCache, MemoryLRU
 from .cachewriter import CacheWriter
-from .config import MountConfig
+from .config import MountConfig, describe_options
 from .decoded import ChunkDecoder, DecodedTree, DecodedView
 from .errors import MountError
 from .fetch import Fetcher
 from .fs import RefFS
+from .mountfailure import captured_stderr, explain
 from .mountpoint import check_mountpoint
 from .pagepush import PagePusher
 from .policy import target_policy
@@ -273,16 +273,24 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> Mount:
     return Mount(fs, fetcher, reader, disk, writer, decoder)
 
 
-def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None]) -> int:
-    """Mount and serve until unmounted or signalled. Raises MountError before mounting."""
+def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None],
+          log_target: str = "") -> int:
+    """Mount and serve until unmounted or signalled. Raises MountError before mounting.
+    ``log_target`` (what ``setup_logging`` returned) is shown by ``refmount stats``."""
     trim = process.tune()
-    check_mountpoint(cfg.mountpoint)
+    check_mountpoint(cfg.mountpoint, cfg.nonempty)
     mount = build_filesystem(cfg, index_file)
-    try:
-        pyfuse3.init(mount.fs, cfg.mountpoint, fuse_options(cfg))
-    except RuntimeError as e:
-        mount.close()
-        raise MountError(f"cannot mount on {cfg.mountpoint}: {e}") from None
+    if log_target:
+        mount.info["log"] = "syslog (journalctl -t refmount)" if log_target == "syslog" else log_target
+    with captured_stderr() as printed:  # libfuse's and fusermount3's reasons
+        try:
+            pyfuse3.init(mount.fs, cfg.mountpoint, fuse_options(cfg))
+        except RuntimeError as e:
+            mount.close()
+            raise MountError(explain(cfg.mountpoint, str(e), printed())) from None
+        said = printed().strip()
+    if said:
+        log.warning("while mounting: %s", said)
     log.info(
         "mounted %s on %s: %s keys (options: %s)",
         redact_url(cfg.source), cfg.mountpoint, mount.info["keys"], describe_options(cfg),
@@ -323,13 +331,22 @@ async def _fuse_main(cfg: MountConfig, nursery: trio.Nursery) -> None:
     nursery.cancel_scope.cancel()  # unmounted from outside (fusermount3 -u)
 
 
+# After a stop signal, requests in flight get this long to finish; then they are cancelled
+# (fetches included) and their readers get an error once the mount is gone. Far inside
+# systemd's stop timeout, whatever the fetch timeout is.
+STOP_GRACE = 1.5
+
+
 async def _stop_on_signal(nursery: trio.Nursery) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("received %s, unmounting", signal.Signals(signum).name)
             sd_notify("STOPPING=1")
             pyfuse3.terminate()
-            return
+            break
+    await trio.sleep(STOP_GRACE)  # cancelled with the nursery when main() ends by itself
+    log.warning("requests still in flight %.1f s after the stop signal: cancelled", STOP_GRACE)
+    nursery.cancel_scope.cancel()
 
 
 def set_kernel_readahead(dev: int, kb: int) -> None:
@@ -343,17 +360,6 @@ def set_kernel_readahead(dev: int, kb: int) -> None:
             f.write(str(kb))
     except OSError as e:
         log.debug("cannot set %s: %s", path, e.strerror)
-
-
-def describe_options(cfg: MountConfig) -> str:
-    shown: dict[str, Any] = {}
-    for k, v in vars(cfg).items():
-        if k in ("source", "mountpoint"):
-            continue
-        if k in ("remote_options", "target_options") and v:
-            v = {key: "***" for key in v}  # keys only: values may be credentials
-        shown[k] = v
-    return json.dumps(shown, sort_keys=True)
 
 
 def _detached_main() -> int:
@@ -379,9 +385,9 @@ def _detached_main() -> int:
             pass
 
     try:
-        setup_logging(cfg, detached=True)
+        log_target = setup_logging(cfg, detached=True)
         os.dup2(devnull, 2)  # from here on everything goes to the log
-        return serve(cfg, index_file, lambda: report("READY"))
+        return serve(cfg, index_file, lambda: report("READY"), log_target)
     except MountError as e:
         report(f"ERROR {e}")
         return 1

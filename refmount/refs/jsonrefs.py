@@ -144,7 +144,7 @@ def build_index(source: str, target_options: dict, bad_keys: str = "error",
                 limits: Limits = DEFAULT_LIMITS) -> IndexBuilder:
     """Parse SOURCE into an IndexBuilder (not yet sorted or validated)."""
     def opener():
-        return open_source(source, target_options, limits.max_ratio)
+        return open_source(source, target_options, limits.max_ratio, limits.source_timeout)
 
     def watched():
         return SurrogateWatch(opener())
@@ -221,7 +221,8 @@ class JsonFormat(Format):
                 limits: Limits = DEFAULT_LIMITS, cache_dir: str | None = None) -> IndexFile:
         options = dict(target_options)
         # The limits are in the identity: a set accepted under other limits is checked again.
-        identity = source_identity(source, options, f"{INDEX_FORMAT}|{bad_keys}|{limits}")
+        identity = source_identity(source, options, f"{INDEX_FORMAT}|{bad_keys}|{limits}",
+                                   limits.source_timeout)
         cached = None
         if cache_dir is not None and identity:
             index_dir = os.path.join(cache_dir, "index")

@@ -21,7 +21,7 @@ most twice the token's length, and the chunk never exceeds the token yajl holds 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 import numpy as np
@@ -43,11 +43,14 @@ class Limits:
     max_key_depth: int = MAX_KEY_DEPTH  # "/"-separated components of a key
     max_key_length: int = 64 << 10  # bytes of a key
     max_nesting: int = 256  # nesting of JSON arrays and objects in SOURCE
+    # seconds a remote SOURCE may take to answer one open or read (not part of what the
+    # index is built under: excluded from comparison and repr)
+    source_timeout: float | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_config(cls, cfg: Any) -> Limits:
         return cls(cfg.max_inline, cfg.max_ratio, cfg.max_key_depth, cfg.max_key_length,
-                   cfg.max_nesting)
+                   cfg.max_nesting, source_timeout=cfg.timeout)
 
     @property
     def max_token(self) -> int:

@@ -3,8 +3,13 @@ commands run as ``nobody``, reference sets written readable by all."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import stat
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -67,3 +72,32 @@ def parquet_set(root: Path, rows: list[tuple[str | None, int, int, bytes | None]
                              "offset": pa.array(offs, pa.int64()),
                              "size": pa.array(sizes, pa.int64()),
                              "raw": pa.array(raws, pa.binary())}), root / "v" / "refs.0.parq")
+
+
+@contextlib.contextmanager
+def interpreter_for_others() -> Iterator[None]:
+    """Make this Python (and the checkout) runnable by other users for the duration: each
+    ancestor directory of the interpreter and of the repository that others cannot traverse
+    gets o+x, taken back afterwards."""
+    changed: list[tuple[Path, int]] = []
+    here = Path(__file__).resolve().parents[2]
+    try:
+        for start in (Path(os.path.realpath(sys.executable)), here / "refmount"):
+            for d in start.parents:
+                mode = d.stat().st_mode
+                if not mode & stat.S_IXOTH:
+                    d.chmod(mode | stat.S_IXOTH)
+                    changed.append((d, mode))
+        yield
+    finally:
+        for d, mode in reversed(changed):
+            d.chmod(stat.S_IMODE(mode))
+
+
+def refmount_as_nobody(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``python -m refmount ARGS`` run as ``nobody`` (use inside ``interpreter_for_others``)."""
+    here = Path(__file__).resolve().parents[2]
+    return subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+         "env", f"PYTHONPATH={here}", "HOME=/nonexistent", sys.executable, "-P", "-m", "refmount",
+         *args], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, cwd="/")
