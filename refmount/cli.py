@@ -26,6 +26,7 @@ from .config import MountConfig, apply_options, did_you_mean, options_help, spli
 from .errors import ConfigError, MountError
 from .mountpoint import check_mountpoint, recover_stale_mount
 from .policy import TargetRefused, check_targets
+from .progress import Progress
 from .redact import RedactingFormatter, redact_url
 from .refs import IndexFile, ReferenceSetError, format_named, prepare_index
 from .refs.limits import Limits
@@ -225,10 +226,12 @@ def _run_foreground(cfg: MountConfig) -> int:
 
 
 def index_source(cfg: MountConfig) -> IndexFile:
-    """Parse or validate SOURCE in its format (refs.prepare_index) under the mount's limits."""
-    return prepare_index(cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
-                         limits=Limits.from_config(cfg),
-                         cache_dir=cfg.cache_dir if cfg.disk_cache else None)
+    """Parse or validate SOURCE in its format (refs.prepare_index) under the mount's limits,
+    with a progress line on a terminal when it takes a while."""
+    with Progress(f"indexing {redact_url(cfg.source)}", keys=False):
+        return prepare_index(cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
+                             limits=Limits.from_config(cfg),
+                             cache_dir=cfg.cache_dir if cfg.disk_cache else None)
 
 
 def check_index_targets(cfg: MountConfig, index_file: IndexFile) -> None:

@@ -10,46 +10,12 @@ import errno
 import itertools
 import json
 import os
-import sys
-import threading
-import time
 from collections.abc import Iterator
 from typing import IO, Any
 
+from .progress import Progress
 from .redact import redact_url
 from .refs import Ref, RefKind, detect_format
-
-
-class Progress:
-    """A one-line progress indicator on stderr (only on a terminal, only after 1 s)."""
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.count = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        if sys.stderr.isatty():
-            self._thread = threading.Thread(target=self._run, daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        start = time.monotonic()
-        if self._stop.wait(1.0):
-            return
-        spinner = "|/-\\"
-        i = 0
-        while not self._stop.wait(0.2):
-            rate = self.count / max(time.monotonic() - start, 1e-9)
-            sys.stderr.write(f"\r{spinner[i % 4]} {self.label}: {self.count:,} keys ({rate:,.0f}/s) ")
-            sys.stderr.flush()
-            i += 1
-        sys.stderr.write("\r" + " " * 70 + "\r")
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
 
 # ---- reading any reference set as (key, Ref) pairs -------------------------------------------
 
@@ -84,7 +50,7 @@ def ref_to_json(ref: Ref) -> Any:
 
 def expand(source: str, out: IO[str], target_options: dict[str, Any]) -> int:
     """Stream the Version 0 equivalent of any reference set to ``out``; returns key count."""
-    progress = Progress("expanding")
+    progress = Progress(f"expanding {redact_url(source)}")
     n = 0
     try:
         pairs = iter_references(source, target_options, progress)
@@ -104,7 +70,7 @@ def expand(source: str, out: IO[str], target_options: dict[str, Any]) -> int:
 
 
 def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
-    progress = Progress("reading")
+    progress = Progress(f"reading {redact_url(source)}")
     keys = inline_bytes = referenced = whole = 0
     targets: set[str] = set()
     arrays: dict[str, dict[str, Any]] = {}

@@ -44,7 +44,10 @@ from support.admin import (
     write_hand_set,
 )
 from support.mounts import (
+    CLI,
+    REPO,
     Mount,
+    cli_env,
     daemon_procs,
     fusermount_u,
     is_mounted,
@@ -845,3 +848,63 @@ def test_mounted_exits_cleanly_after_daemon_was_stopped(hand, tmp_path):
             time.sleep(0.05)
         assert not is_mounted(mnt), "SIGTERM did not unmount"
     assert not is_mounted(mnt)
+
+
+def run_on_a_terminal(argv: list[str], timeout: float = 120) -> tuple[int, str]:
+    """Run ``argv`` with stderr on a pseudo-terminal; its exit status and what it wrote there."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=slave, env=cli_env(), cwd=str(REPO))
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the other side closed
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    return proc.wait(10), b"".join(chunks).decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def big_set(tmp_path_factory, datasets):
+    """A Version 0 set large enough that reading it takes more than a second here."""
+    path = tmp_path_factory.mktemp("big") / "big.json"
+    blob = str(datasets.blob)
+    with open(path, "w") as f:
+        f.write("{")
+        f.write(",".join(f'"k/{i:07d}": ["{blob}", {i % 1000}, 10]' for i in range(600_000)))
+        f.write("}")
+    return path
+
+
+@pytest.mark.parametrize("command", ["mount", "inspect"])
+def test_progress_on_a_terminal_from_the_first_second(big_set, mount, command):
+    if command == "mount":
+        mnt = mount.new_mountpoint("progress")
+        argv = [*CLI, str(big_set), str(mnt), "-o", f"cache_dir={mount.base / 'cache'},"
+                f"log={mount.base / 'progress.log'}"]
+        label = "indexing"
+    else:
+        argv = [*CLI, "inspect", str(big_set)]
+        label = "reading"
+    rc, text = run_on_a_terminal(argv)
+    try:
+        assert rc == 0, text
+        lines = [ln.strip() for ln in text.split("\r") if label in ln]
+        assert lines, text[-2000:]
+        assert re.match(rf"[|/\\-] {label} {big_set}: \d+ s, [\d.]+ [kMG]?B read", lines[0]), lines[0]
+    finally:
+        if command == "mount":
+            fusermount_u(mnt)

@@ -290,3 +290,25 @@ def test_remount_same_source_twice(mount, datasets):
         expected = datasets.expected_bytes(refs[key])
         assert (m1 / key).read_bytes() == expected
         assert (m2 / key).read_bytes() == expected
+
+
+def test_index_directory_keeps_the_newest_index_of_each_source(mount, tmp_path):
+    """Three versions of one set: one index left for it (another set's stays), and a mount
+    of an older version that is still live goes on serving from the index it mapped."""
+    cache = tmp_path / "cache"
+    src = tmp_path / "refs.json"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"o": "other"}))
+    mount(other, f"cache_dir={cache}")
+    live = None
+    for version in range(3):
+        src.write_text(json.dumps({"v": f"version {version}", "pad": "x" * version}))
+        os.utime(src, ns=(10**18 + version, 10**18 + version))  # a new mtime for each version
+        m = mount(src, f"cache_dir={cache}")
+        assert (m / "v").read_text() == f"version {version}"
+        if version == 0:
+            live = m
+    indexes = sorted(p.name for p in (cache / "index").glob("*.arrow"))
+    assert len(indexes) == 2, indexes  # the newest of refs.json, and other.json's
+    assert (live / "v").read_text() == "version 0"
+    assert sorted(os.listdir(live.path)) == ["pad", "v"]

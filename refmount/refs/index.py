@@ -13,6 +13,7 @@ import base64
 import binascii
 import bisect
 import contextlib
+import hashlib
 import json
 import logging
 import mmap
@@ -430,6 +431,28 @@ def summary_metadata(table: pa.Table) -> dict[str, str]:
         "referenced_bytes": str(pc.sum(pc.filter(table["length"], ranged)).as_py() or 0),
         "inline_bytes": str(pc.sum(pc.binary_length(table["data"])).as_py() or 0),
     }
+
+
+def index_family(source: str, variant: str) -> str:
+    """What the persisted indexes of every version of one SOURCE (under the same options)
+    share: the start of their file names, ``<family>-<identity>.arrow``."""
+    return hashlib.sha256(f"{source}\0{variant}".encode()).hexdigest()[:16]
+
+
+def prune_index_family(keep: str) -> int:
+    """Remove the other indexes of ``keep``'s family (older versions of its SOURCE): the index
+    directory keeps the newest index of each SOURCE. A live mount that maps one of them goes
+    on reading it (the file is unlinked, its mapping stays). Returns how many were removed."""
+    directory, name = os.path.split(keep)
+    family = name.split("-", 1)[0] + "-"
+    removed = 0
+    with os.scandir(directory) as entries:
+        for e in entries:
+            if e.name.startswith(family) and e.name.endswith(".arrow") and e.name != name:
+                with contextlib.suppress(OSError):
+                    os.unlink(e.path)
+                    removed += 1
+    return removed
 
 
 def write_index(table: pa.Table, path: str, metadata: dict[str, str]) -> None:

@@ -26,6 +26,8 @@ from .index import (
     INDEX_FORMAT,
     IndexBuilder,
     KeyIndex,
+    index_family,
+    prune_index_family,
     summary_metadata,
     write_index,
     write_temporary_index,
@@ -221,8 +223,8 @@ class JsonFormat(Format):
                 limits: Limits = DEFAULT_LIMITS, cache_dir: str | None = None) -> IndexFile:
         options = dict(target_options)
         # The limits are in the identity: a set accepted under other limits is checked again.
-        identity = source_identity(source, options, f"{INDEX_FORMAT}|{bad_keys}|{limits}",
-                                   limits.source_timeout)
+        variant = f"{INDEX_FORMAT}|{bad_keys}|{limits}"
+        identity = source_identity(source, options, variant, limits.source_timeout)
         cached = None
         if cache_dir is not None and identity:
             index_dir = os.path.join(cache_dir, "index")
@@ -230,7 +232,8 @@ class JsonFormat(Format):
                 # The index holds every target URL, and is the tree the mount serves: its
                 # directory is ours alone (or refused), so nobody else can swap an index in.
                 private_dir(index_dir)
-                cached = os.path.join(index_dir, identity + ".arrow")
+                family = index_family(source, variant)
+                cached = os.path.join(index_dir, f"{family}-{identity}.arrow")
             except OSError as e:
                 log.warning("cannot keep the index in %s (%s); using a temporary file",
                             index_dir, e.strerror)
@@ -254,6 +257,7 @@ class JsonFormat(Format):
         if cached:
             try:
                 write_index(table, cached, meta)
+                prune_index_family(cached)  # the indexes of older versions of SOURCE
                 return IndexFile(cached, temporary=False, reused=False, kind=self.name)
             except OSError as e:
                 log.warning("cannot persist the index in %s (%s); using a temporary file",
