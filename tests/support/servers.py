@@ -74,9 +74,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def moto_s3(objects: dict[str, bytes]):
+def moto_s3(objects: dict[str, bytes], public: bool = False):
     """moto's S3 server in a process of its own (moto keeps its buckets per process) on a free
-    loopback port, holding ``objects`` ("bucket/key": bytes); yields its endpoint URL."""
+    loopback port, holding ``objects`` ("bucket/key": bytes); yields its endpoint URL. With
+    ``public``, anyone may read the buckets (as a public dataset's bucket)."""
     import s3fs
 
     port = free_port()
@@ -95,7 +96,12 @@ def moto_s3(objects: dict[str, bytes]):
             bucket = path.split("/", 1)[0]
             if not fs.exists(bucket):
                 fs.mkdir(bucket)
+                if public:
+                    fs.call_s3("put_bucket_acl", Bucket=bucket, ACL="public-read")
             fs.pipe(path, data)
+            if public:
+                fs.call_s3("put_object_acl", Bucket=bucket, Key=path.split("/", 1)[1],
+                           ACL="public-read")
         yield endpoint
     finally:
         proc.terminate()
