@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -205,3 +206,9 @@ def test_a_refused_connection_and_an_unknown_host_are_named(mount_fails):
     mount_fails(f"http://127.0.0.1:{closed_port()}/refs.json", must_mention=("connection refused",))
     mount_fails("http://no-such-host.invalid/refs.json", "timeout=10",
                 must_mention=("unknown host",))
+
+
+def test_a_url_whose_filesystem_is_not_installed_says_how_to_add_it(mount_fails):
+    """gcsfs is not installed here: the refusal names the package and how to install it."""
+    _, line = mount_fails("gcs://bucket/refs.json", must_mention=("gcsfs", "-m pip install"))
+    assert sys.executable in line, line

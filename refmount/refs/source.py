@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from typing import IO, Any
 
 import fsspec
@@ -52,7 +53,9 @@ def open_source(source: str, target_options: dict[str, Any], max_ratio: int = Li
     except ValueError as e:  # unknown protocol, bad URL
         raise ReferenceSetError(f"{source}: {e}") from None
     except ImportError as e:
-        raise ReferenceSetError(f"{source}: missing support for this URL ({e})") from None
+        raise ReferenceSetError(
+            f"{source}: missing support for this URL ({e}); install it into refmount's Python "
+            f"environment: {sys.executable} -m pip install PACKAGE") from None
     except OSError as e:
         problem = connection_problem(e)
         raise ReferenceSetError(f"{source}: {problem or f'cannot open ({e})'}") from None
