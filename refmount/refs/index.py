@@ -370,20 +370,25 @@ def keys_that_are_directories(keys: pa.Array) -> np.ndarray:
 
     Worked out from neighbours, never from the directory prefixes of the keys (a key of n
     components has n of them: materialised, deep keys cost memory quadratic in their length).
-    Keys with a prefix K are one contiguous run after K in byte order, so K can be a directory
-    only if the key after it starts with K, i.e. sorts before K + 0xFF (no UTF-8 text holds
-    that byte). When some key does, the keys are sorted once more with '/' read as the byte
+    In byte order the keys starting with K follow K as one run: first those where a byte
+    below '/' follows K, then those under K/, then the rest. So when the key after K starts
+    with K/, K is a directory; when it starts with K and then a byte above '/', K is not.
+    Only a key followed by K plus a byte below '/' (``a`` before ``a.b`` and ``a/c``) leaves
+    it open; if there are such keys, the keys are sorted once more with '/' read as the byte
     0 (keys hold no NUL): then the keys under K come right after K, and K is a directory
-    exactly when its successor sorts before K + 0x01. Time n log n, memory a few copies of the
-    key column."""
+    exactly when its successor sorts before K + 0x01. Time linear (n log n with that sort),
+    memory a few copies of the key column."""
     n = len(keys)
     mask = np.zeros(n, bool)
     if n < 2:
         return mask
     keys = keys.cast(pa.large_binary())
     first, rest = keys.slice(0, n - 1), keys.slice(1)
-    if not pc.any(pc.less(rest, _joined(first, b"\xff"))).as_py():
-        return mask  # no key is a prefix of the next one: the common case, no sort
+    open_question = pc.less(rest, _joined(first, b"/"))  # K < next < K/: next is K + byte < '/'
+    if not pc.any(open_question).as_py():
+        under = pc.less(rest, _joined(first, b"0"))  # and next >= K/: next starts with K/
+        mask[:-1] = under.to_numpy(zero_copy_only=False)
+        return mask
     slash_low = pc.replace_substring(keys, "/", "\x00")
     order = pc.sort_indices(slash_low)
     ranked = slash_low.take(order)
