@@ -483,7 +483,7 @@ def amplifiers(d: Path, target: Path) -> list[Input]:
             "{% endfor %}")  # about 0.025 CPU s, far below the 2 s of one rendering
     add("templates-2000-distinct-urls", v1("tpl2000", {"refs": {
         f"k{n}": [f"{target}{loop}{{# {n} #}}", 0, 1] for n in range(2000)}}), "refuse",
-        ("refs url", "max_template_seconds="))
+        ("refs url", "max_template_seconds=2"), opts=("max_template_seconds=2",))
     add("gen-rendered-per-product", v1("genslow", {"gen": [
         entry("g/{{ i|string }}", {"i": {"stop": 5_000_000}})]}), "refuse",
         ("gen[0].key", "max_template_seconds="))
