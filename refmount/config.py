@@ -418,6 +418,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_key_length", Size(lo=1), 64 * 2**10, "longest key, in bytes"),
     Option("max_nesting", Int(2, 512), 256,
            "deepest nesting of JSON arrays and objects in SOURCE"),
+    Option("max_keys", Int(1, 2**40), 20_000_000,
+           "most keys of a JSON set, Version 1 gen products included (a gen entry that would "
+           "pass it is refused before any key is made)"),
+    Option("max_template_seconds", Seconds(), 10.0,
+           "CPU seconds all Version 1 template renderings of a set may take together (one "
+           "rendering: at most 2 s)"),
 )
 
 OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

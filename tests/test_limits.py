@@ -411,6 +411,85 @@ def hand_made(d: Path, target: Path) -> list[Input]:
     return inputs
 
 
+# ---- small inputs that ask for much: gen products, deep keys, template time ----------------------
+
+
+def read_deep(key: str, expected: bytes) -> Callable[[Path], None]:
+    """Read a key whose path is longer than PATH_MAX: directory by directory (openat)."""
+    def check(mnt: Path) -> None:
+        *dirs, name = key.split("/")
+        fd = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for i in range(0, len(dirs), 500):
+                nxt = os.open("/".join(dirs[i : i + 500]), os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            f = os.open(name, os.O_RDONLY, dir_fd=fd)
+            try:
+                assert os.read(f, 1 << 16) == expected, key[:40]
+            finally:
+                os.close(f)
+        finally:
+            os.close(fd)
+    return check
+
+
+def amplifiers(d: Path, target: Path) -> list[Input]:
+    inputs: list[Input] = []
+
+    def add(*a, **k) -> None:
+        inputs.append(Input(*a, **k))
+
+    def v1(name: str, doc: dict) -> Path:
+        return write(d / f"{name}.json", {"version": 1, **doc})
+
+    def entry(key: str, dims: dict, **more) -> dict:
+        return {"key": key, "url": str(target), "dimensions": dims, **more}
+
+    # -- gen: the keys of a set are bounded (max_keys) before any is made
+    add("gen-2^30-one-dimension", v1("gen30", {"gen": [entry("k/{{i}}", {"i": {"stop": 2**30}})]}),
+        "refuse", ("gen[0]", "max_keys="))
+    add("gen-250000x250000", v1("gen250k", {"gen": [entry("k/{{i}}.{{j}}", {
+        "i": {"stop": 250_000}, "j": {"stop": 250_000}})]}), "refuse", ("gen[0]", "max_keys="))
+    add("gen-entries-together", v1("gen3x8m", {"gen": [
+        entry(f"k{n}/{{{{i}}}}", {"i": {"stop": 8_000_000}}) for n in range(3)]}), "refuse",
+        ("gen[2]", "max_keys="))
+    add("gen-after-refs-past-max_keys", v1("genrefs", {
+        "refs": {f"r{n}": "x" for n in range(600)},
+        "gen": [entry("k/{{i}}", {"i": {"stop": 401}})]}), "refuse", ("gen[0]", "max_keys=1000"),
+        opts=("max_keys=1000",))
+    add("v0-past-max_keys", write(d / "v0keys.json", {f"k{n}": "x" for n in range(70_000)}),
+        "refuse", ("max_keys=65536",), opts=("max_keys=65536",))
+    add("gen-at-max_keys", v1("genexact", {"refs": {"r": "x"}, "gen": [
+        entry("k/{{i}}", {"i": {"stop": 999}}, offset="{{i % 4096}}", length="1")]}), "mount",
+        check=all_of(same_bytes("r", b"x"), same_bytes("k/998", TARGET[998:999])),
+        opts=("max_keys=1000",))
+
+    # -- deep keys: directories from neighbouring keys, not from every prefix of every key
+    deep = "/".join(["a"] * 4092)
+    keys = [f"k{i}/{deep}/f" for i in range(100)]  # 4,094 components each
+    add("deep-keys-100x4094", write(d / "deep.json", {k: f"v{i}" for i, k in enumerate(keys)}),
+        "mount", check=all_of(holds("100 top directories", lambda m: len(os.listdir(m)) == 100),
+                              read_deep(keys[7], b"v7")))
+    beside = {**{k: "v" for k in keys}, **{k + ".x": "w" for k in keys}}
+    add("deep-keys-beside-their-prefixes", write(d / "deepx.json", beside), "mount",
+        check=all_of(read_deep(keys[3] + ".x", b"w"), read_deep(keys[3], b"v")))
+    clash = {**{k: "v" for k in keys}, **{k + "/under": "w" for k in keys[:1]}}
+    add("deep-key-file-and-directory", write(d / "deepclash.json", clash), "refuse",
+        ("both a file and a directory",))
+
+    # -- template time: bounded per set (max_template_seconds), not only per rendering
+    loop = ("{% for i in range(25) %}{% for j in range(1000) %}{% set x = i * j %}{% endfor %}"
+            "{% endfor %}")  # about 0.025 CPU s, far below the 2 s of one rendering
+    add("templates-2000-distinct-urls", v1("tpl2000", {"refs": {
+        f"k{n}": [f"{target}{loop}{{# {n} #}}", 0, 1] for n in range(2000)}}), "refuse",
+        ("refs url", "max_template_seconds=2"), opts=("max_template_seconds=2",))
+    add("gen-rendered-per-product", v1("genslow", {"gen": [
+        entry("g/{{ i|string }}", {"i": {"stop": 5_000_000}})]}), "refuse",
+        ("gen[0].key", "max_template_seconds="))
+    return inputs
+
+
 # ---- truncated and corrupted files of every format (hypothesis) -----------------------------------
 
 
@@ -526,7 +605,7 @@ def test_hostile_inputs_end_within_bounds(tmp_path, capsys):
     target = write(tmp_path / "data" / "target.bin", TARGET)
     d = tmp_path / "inputs"
     d.mkdir()
-    inputs = hand_made(d, target) + damaged(d, target) + generated(d, target)
+    inputs = hand_made(d, target) + damaged(d, target) + generated(d, target) + amplifiers(d, target)
     names = [i.name for i in inputs]
     assert len(set(names)) == len(names)
     lock = threading.Lock()

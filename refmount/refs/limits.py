@@ -3,7 +3,8 @@
 Three guards, each cheap next to the parsing it protects:
 
 * :class:`Limits` — the configured bounds (mount options ``max_inline``, ``max_ratio``,
-  ``max_key_depth``, ``max_key_length``, ``max_nesting``).
+  ``max_key_depth``, ``max_key_length``, ``max_nesting``, ``max_keys``,
+  ``max_template_seconds``).
 * :class:`ExpansionGuard` — wraps a decompressing stream and refuses SOURCE as soon as it has
   expanded more than ``max_ratio`` times the compressed bytes read so far (a gzip, bz2, xz or
   zstd bomb is stopped while it streams).
@@ -43,6 +44,8 @@ class Limits:
     max_key_depth: int = MAX_KEY_DEPTH  # "/"-separated components of a key
     max_key_length: int = 64 << 10  # bytes of a key
     max_nesting: int = 256  # nesting of JSON arrays and objects in SOURCE
+    max_keys: int = 20_000_000  # keys of a JSON set, gen products included
+    max_template_seconds: float = 10.0  # CPU seconds of all template renderings of a set
     # seconds a remote SOURCE may take to answer one open or read (not part of what the
     # index is built under: excluded from comparison and repr)
     source_timeout: float | None = field(default=None, compare=False, repr=False)
@@ -50,7 +53,8 @@ class Limits:
     @classmethod
     def from_config(cls, cfg: Any) -> Limits:
         return cls(cfg.max_inline, cfg.max_ratio, cfg.max_key_depth, cfg.max_key_length,
-                   cfg.max_nesting, source_timeout=cfg.timeout)
+                   cfg.max_nesting, max_keys=cfg.max_keys,
+                   max_template_seconds=cfg.max_template_seconds, source_timeout=cfg.timeout)
 
     @property
     def max_token(self) -> int:

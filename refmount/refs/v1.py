@@ -16,6 +16,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import ijson
@@ -33,19 +34,65 @@ from .sandbox import MAX_RENDERED, RENDER_MEMORY, BoundedSandbox, MemoryCap
 
 RENDER_SECONDS = 2.0  # one template rendering may take at most this long
 GEN_BATCH = 1 << 18  # products evaluated per batch (bounds memory)
-MAX_PRODUCTS = 1 << 36
+
+
+class RenderBudget:
+    """The CPU seconds all template renderings of one set may take together (the limit
+    ``max_template_seconds``): each rendering is bounded by the watchdog, but a set of many
+    distinct templates, or a ``gen`` rendered product by product, adds them up. Time is
+    counted while ``running`` (re-entrant: a batch of renderings is measured once)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.spent = 0.0
+        self._since: float | None = None
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        if self._since is not None:
+            yield
+            return
+        self._since = time.thread_time()
+        try:
+            yield
+        finally:
+            self.spent += time.thread_time() - self._since
+            self._since = None
+
+    @property
+    def active(self) -> bool:
+        return self._since is not None
+
+    def used(self) -> float:
+        """CPU seconds spent so far, the rendering under way included."""
+        running = time.thread_time() - self._since if self._since is not None else 0.0
+        return self.spent + running
+
+    def exceeded(self) -> bool:
+        return self.used() > self.seconds
+
+    def message(self) -> str:
+        return (f"the set's templates take more than {self.seconds:g} CPU seconds to render in all "
+                f"(limit max_template_seconds={self.seconds:g})")
 
 
 class _Watchdog:
-    """Interrupts a rendering that runs longer than RENDER_SECONDS (SIGALRM, main thread)."""
+    """Interrupts a rendering that runs longer than RENDER_SECONDS, or past the set's
+    RenderBudget (SIGALRM, main thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: RenderBudget) -> None:
         self.started: float | None = None
+        self.budget = budget
 
     def _tick(self, signum: int, frame: Any) -> None:
-        if self.started is not None and time.monotonic() - self.started > RENDER_SECONDS:
+        if self.started is None:
+            return
+        if time.monotonic() - self.started > RENDER_SECONDS:
             self.started = None
             raise TimeoutError(f"template rendering took longer than {RENDER_SECONDS:g} s")
+        if self.budget.exceeded():
+            self.started = None
+            raise TimeoutError(self.budget.message())
 
     @contextmanager
     def armed(self) -> Iterator[_Watchdog]:
@@ -83,6 +130,7 @@ class TemplateSet:
         self.env = BoundedSandbox(undefined=StrictUndefined, autoescape=False)
         self.name = name
         self.watchdog = watchdog
+        self.budget = watchdog.budget
         self.plain: dict[str, str] = {}
         self.context: dict[str, Any] = {}
         for key, value in templates.items():
@@ -111,6 +159,20 @@ class TemplateSet:
             raise ReferenceSetError(f"{self.name}: {where}: bad template: {e}") from None
 
     def render(self, template: Any, context: dict[str, Any], where: str) -> str:
+        with self.rendering(where):
+            return self._render(template, context, where)
+
+    @contextmanager
+    def rendering(self, where: str) -> Iterator[None]:
+        """Renderings inside count against the set's RenderBudget; refused once past it
+        (checked when the outermost ``rendering`` ends, and by the watchdog meanwhile)."""
+        outer = not self.budget.active
+        with self.budget.running():
+            yield
+        if outer and self.budget.exceeded():
+            raise ReferenceSetError(f"{self.name}: {where}: {self.budget.message()}")
+
+    def _render(self, template: Any, context: dict[str, Any], where: str) -> str:
         self.watchdog.started = time.monotonic()
         try:
             with self.memory_cap:
@@ -121,7 +183,11 @@ class TemplateSet:
             raise ReferenceSetError(
                 f"{self.name}: {where}: template refused: it needs more than "
                 f"{RENDER_MEMORY >> 30} GiB of memory") from None
-        except (TemplateError, TimeoutError, ArithmeticError, TypeError, ValueError) as e:
+        except TimeoutError as e:
+            if self.budget.exceeded():
+                raise ReferenceSetError(f"{self.name}: {where}: {self.budget.message()}") from None
+            raise ReferenceSetError(f"{self.name}: {where}: template failed: {e}") from None
+        except (TemplateError, ArithmeticError, TypeError, ValueError) as e:
             raise ReferenceSetError(f"{self.name}: {where}: template failed: {e}") from None
         finally:
             self.watchdog.started = None
@@ -228,7 +294,8 @@ class _Plan:
         cols = self.columns(dims, n)
         if cols is None:
             render = self.templates.render
-            with self.templates.memory_cap:  # set once for the batch, not per product
+            # The memory cap is set and the budget measured once for the batch, not per product.
+            with self.templates.rendering(self.where), self.templates.memory_cap:
                 out = [render(self.template, ctx, self.where) for ctx in contexts()]
             return pa.array(out, pa.large_string())
         pieces: list[Any] = []
@@ -279,90 +346,137 @@ def _names_ok(node: nodes.Node, dim_names: list[str], templates: TemplateSet) ->
     return not any(node.find_all(nodes.Call)) and not any(node.find_all(nodes.Filter))
 
 
-def _dimension(name: str, where: str, spec: Any) -> list[int] | range:
-    if isinstance(spec, list):
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in spec):
-            raise ReferenceSetError(f"{name}: {where} must be a list of integers")
-        if any(abs(v) > INT64_MAX for v in spec):
-            raise ReferenceSetError(f"{name}: {where}: values out of range")
-        return spec
-    if isinstance(spec, dict):
-        unknown = set(spec) - {"start", "stop", "step"}
+@dataclass(frozen=True)
+class Dimension:
+    """One dimension of a ``gen`` entry: its length, and its values at given positions
+    computed when asked. A ``{start, stop, step}`` range is never materialised (its length
+    can be 2^64); an explicit list is as long as the JSON that holds it."""
+
+    length: int
+    start: int = 0
+    step: int = 1
+    listed: np.ndarray | None = None
+
+    @classmethod
+    def parse(cls, name: str, where: str, spec: Any) -> Dimension:
+        if isinstance(spec, list):
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in spec):
+                raise ReferenceSetError(f"{name}: {where} must be a list of integers")
+            if any(abs(v) > INT64_MAX for v in spec):
+                raise ReferenceSetError(f"{name}: {where}: values out of range")
+            return cls(len(spec), listed=np.asarray(spec, dtype=np.int64))
+        if isinstance(spec, dict):
+            unknown = set(spec) - {"start", "stop", "step"}
+            if unknown:
+                raise ReferenceSetError(f"{name}: {where} has unknown fields {sorted(unknown)}")
+            if "stop" not in spec:
+                raise ReferenceSetError(f"{name}: {where} needs 'stop'")
+            start, stop, step = spec.get("start", 0), spec["stop"], spec.get("step", 1)
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop, step)):
+                raise ReferenceSetError(f"{name}: {where}: start/stop/step must be integers")
+            if step == 0:
+                raise ReferenceSetError(f"{name}: {where}: step must not be 0")
+            if any(abs(v) > INT64_MAX for v in (start, stop, step)):
+                raise ReferenceSetError(f"{name}: {where}: values out of range")
+            return cls(range_length(start, stop, step), start, step)
+        raise ReferenceSetError(f"{name}: {where} must be {{start, stop, step}} or a list")
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """The values at ``positions`` (int64, each below ``length``)."""
+        if self.listed is not None:
+            return self.listed[positions]
+        # start + step * position in wrapping int64 arithmetic: the true result is a value of
+        # the range, which fits in 64 bits, so the wrapped one is exact.
+        return np.int64(self.start) + np.int64(self.step) * positions.astype(np.int64)
+
+
+def range_length(start: int, stop: int, step: int) -> int:
+    """``len(range(start, stop, step))`` for any size (``len`` fails beyond 2^63 - 1)."""
+    if step > 0:
+        return max(0, (stop - start + step - 1) // step)
+    return max(0, (start - stop - step - 1) // -step)
+
+
+class GenEntry:
+    """One ``gen`` entry, validated, its number of products known before any is made."""
+
+    def __init__(self, entry: Any, i: int, templates: TemplateSet) -> None:
+        name = templates.name
+        where = self.where = f"gen[{i}]"
+        self.templates = templates
+        if not isinstance(entry, dict):
+            raise ReferenceSetError(f"{name}: {where} must be an object")
+        unknown = set(entry) - {"key", "url", "offset", "length", "dimensions"}
         if unknown:
             raise ReferenceSetError(f"{name}: {where} has unknown fields {sorted(unknown)}")
-        if "stop" not in spec:
-            raise ReferenceSetError(f"{name}: {where} needs 'stop'")
-        vals = [spec.get("start", 0), spec["stop"], spec.get("step", 1)]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
-            raise ReferenceSetError(f"{name}: {where}: start/stop/step must be integers")
-        if vals[2] == 0:
-            raise ReferenceSetError(f"{name}: {where}: step must not be 0")
-        if any(abs(v) > INT64_MAX for v in vals):
-            raise ReferenceSetError(f"{name}: {where}: values out of range")
-        return range(*vals)
-    raise ReferenceSetError(f"{name}: {where} must be {{start, stop, step}} or a list")
+        for req in ("key", "url", "dimensions"):
+            if req not in entry:
+                raise ReferenceSetError(f"{name}: {where} needs '{req}'")
+        if ("offset" in entry) != ("length" in entry):
+            have, missing = ("offset", "length") if "offset" in entry else ("length", "offset")
+            raise ReferenceSetError(
+                f"{name}: {where} has '{have}' but no '{missing}' (give both or neither)")
+        for field in ("key", "url", "offset", "length"):
+            if field in entry and not isinstance(entry[field], str | int):
+                raise ReferenceSetError(f"{name}: {where}.{field} must be a string")
+        dims_spec = entry["dimensions"]
+        if not isinstance(dims_spec, dict) or not dims_spec:
+            raise ReferenceSetError(f"{name}: {where}.dimensions must be a non-empty object")
+        clash = set(dims_spec) & set(templates.context)
+        if clash:
+            raise ReferenceSetError(
+                f"{name}: {where}: dimension {sorted(clash)[0]!r} shadows a template")
+        self.dims = {k: Dimension.parse(name, f"{where}.dimensions.{k}", v)
+                     for k, v in dims_spec.items()}
+        self.shape = [d.length for d in self.dims.values()]
+        self.products = math.prod(self.shape)  # a Python int: exact however large
+        names = list(self.dims)
+        self.plans = {
+            f: _Plan(str(entry[f]), templates, names, f"{where}.{f}")
+            for f in ("key", "url", "offset", "length")
+            if f in entry
+        }
+
+    def expand(self, builder: IndexBuilder) -> None:
+        """Add the entry's references, GEN_BATCH products at a time."""
+        templates, names, dims = self.templates, list(self.dims), list(self.dims.values())
+        total, plans = self.products, self.plans
+        for start in range(0, total, GEN_BATCH):
+            stop = min(start + GEN_BATCH, total)
+            n = stop - start
+            flat = np.arange(start, stop, dtype=np.int64)
+            idx = np.unravel_index(flat, self.shape)  # C order: the last dimension varies fastest
+            cols = {k: dims[j].at(idx[j]) for j, k in enumerate(names)}
+
+            def contexts(cols: dict[str, np.ndarray] = cols, n: int = n) -> Iterator[dict]:
+                base = dict(templates.context)
+                lists = {k: v.tolist() for k, v in cols.items()}
+                for r in range(n):
+                    for k in names:
+                        base[k] = lists[k][r]
+                    yield base
+
+            keys = plans["key"].strings(cols, n, contexts)
+            urls = plans["url"].strings(cols, n, contexts)
+            if "offset" in plans:
+                offsets = plans["offset"].integers(cols, n, contexts)
+                lengths = plans["length"].integers(cols, n, contexts)
+            else:
+                offsets = lengths = None
+            builder.add_columns(keys, urls, offsets, lengths, where=f"{templates.name}: {self.where}")
 
 
-def expand_gen(entry: Any, i: int, templates: TemplateSet, builder: IndexBuilder) -> None:
-    name = templates.name
-    where = f"gen[{i}]"
-    if not isinstance(entry, dict):
-        raise ReferenceSetError(f"{name}: {where} must be an object")
-    unknown = set(entry) - {"key", "url", "offset", "length", "dimensions"}
-    if unknown:
-        raise ReferenceSetError(f"{name}: {where} has unknown fields {sorted(unknown)}")
-    for req in ("key", "url", "dimensions"):
-        if req not in entry:
-            raise ReferenceSetError(f"{name}: {where} needs '{req}'")
-    if ("offset" in entry) != ("length" in entry):
-        have, missing = ("offset", "length") if "offset" in entry else ("length", "offset")
-        raise ReferenceSetError(f"{name}: {where} has '{have}' but no '{missing}' (give both or neither)")
-    for field in ("key", "url", "offset", "length"):
-        if field in entry and not isinstance(entry[field], str | int):
-            raise ReferenceSetError(f"{name}: {where}.{field} must be a string")
-    dims_spec = entry["dimensions"]
-    if not isinstance(dims_spec, dict) or not dims_spec:
-        raise ReferenceSetError(f"{name}: {where}.dimensions must be a non-empty object")
-    clash = set(dims_spec) & set(templates.context)
-    if clash:
-        raise ReferenceSetError(f"{name}: {where}: dimension {sorted(clash)[0]!r} shadows a template")
-    dims = {k: _dimension(name, f"{where}.dimensions.{k}", v) for k, v in dims_spec.items()}
-    names = list(dims)
-    shape = [len(v) for v in dims.values()]
-    total = math.prod(shape)
-    if total > MAX_PRODUCTS:
-        raise ReferenceSetError(f"{name}: {where} has {total} products, more than the limit")
-    if total == 0:
-        return
-    plans = {
-        f: _Plan(str(entry[f]), templates, names, f"{where}.{f}")
-        for f in ("key", "url", "offset", "length")
-        if f in entry
-    }
-    values = [np.asarray(list(v), dtype=np.int64) for v in dims.values()]
-    for start in range(0, total, GEN_BATCH):
-        stop = min(start + GEN_BATCH, total)
-        n = stop - start
-        flat = np.arange(start, stop, dtype=np.int64)
-        idx = np.unravel_index(flat, shape)  # C order: the last dimension varies fastest
-        cols = {k: values[j][idx[j]] for j, k in enumerate(names)}
-
-        def contexts(cols: dict[str, np.ndarray] = cols, n: int = n) -> Iterator[dict]:
-            base = dict(templates.context)
-            lists = {k: v.tolist() for k, v in cols.items()}
-            for r in range(n):
-                for k in names:
-                    base[k] = lists[k][r]
-                yield base
-
-        keys = plans["key"].strings(cols, n, contexts)
-        urls = plans["url"].strings(cols, n, contexts)
-        if "offset" in plans:
-            offsets = plans["offset"].integers(cols, n, contexts)
-            lengths = plans["length"].integers(cols, n, contexts)
-        else:
-            offsets = lengths = None
-        builder.add_columns(keys, urls, offsets, lengths, where=f"{name}: {where}")
+def check_key_count(name: str, entries: list[GenEntry], before: int, max_keys: int) -> None:
+    """Refuse, before anything is generated, entries whose products together with the
+    ``before`` keys already read come to more than ``max_keys``."""
+    total = before
+    for e in entries:
+        prior, total = total, total + e.products
+        if total > max_keys:
+            so_far = f" ({total:,} keys with the {prior:,} before it)" if prior else ""
+            raise ReferenceSetError(
+                f"{name}: {e.where} has {e.products:,} products, a key each{so_far}: more keys "
+                f"than a set may have (limit max_keys={max_keys})")
 
 
 def _read_section(open_stream: Opener, name: str, prefix: str, backend: Any, limits: Limits) -> Any:
@@ -399,9 +513,11 @@ def read_v1(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any 
     gen = _read_section(open_stream, name, "gen", backend, limits) or []
     if not isinstance(gen, list):
         raise ReferenceSetError(f"{name}: 'gen' must be a list")
-    watchdog = _Watchdog()
+    watchdog = _Watchdog(RenderBudget(limits.max_template_seconds))
     with watchdog.armed():
         templates = TemplateSet(raw_templates, name, watchdog)
+        entries = [GenEntry(entry, i, templates) for i, entry in enumerate(gen)]
+        check_key_count(name, entries, 0, limits.max_keys)  # refused before any work
         with open_stream() as f:
             try:
                 add = builder.add_value
@@ -414,8 +530,10 @@ def read_v1(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any 
                 raise _json_error(name, e) from None
         if n == 0:  # kvitems yields nothing for a 'refs' that is not an object: say so
             _refs_must_be_an_object(open_stream, name, backend, limits)
-        for i, entry in enumerate(gen):
-            expand_gen(entry, i, templates, builder)
+        check_key_count(name, entries, len(builder), limits.max_keys)
+        for entry in entries:
+            entry.expand(builder)
 
 
-__all__ = ["TemplateSet", "expand_gen", "read_v1"]
+__all__ = ["Dimension", "GenEntry", "RenderBudget", "TemplateSet", "check_key_count",
+           "range_length", "read_v1"]

@@ -12,7 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refmount.refs import Ref, ReferenceSetError, RefKind
-from refmount.refs.index import IndexBuilder, KeyIndex, summary_metadata, write_index
+from refmount.refs.index import (
+    IndexBuilder,
+    KeyIndex,
+    keys_that_are_directories,
+    summary_metadata,
+    write_index,
+)
 from refmount.refs.limits import Limits
 
 KEY = st.text(alphabet="ab0/", min_size=1, max_size=5).filter(
@@ -109,6 +115,56 @@ def test_a_key_that_is_also_a_directory_is_refused() -> None:
     b.add_items([("a", "1"), ("a/b", "2")])
     with pytest.raises(ReferenceSetError, match="both a file and a directory"):
         b.finish()
+
+
+# Bytes on both sides of '/' (0x2F) in byte order, so that keys under "a/" are not always
+# next to "a": "a", "a-1", "a.b", "a/c", "a0".
+NEAR_SLASH = st.text(alphabet="a.-!/0\x01é", min_size=1, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(NEAR_SLASH, max_size=25, unique=True))
+def test_keys_that_are_directories_match_the_prefixes_of_the_keys(keys: list[str]) -> None:
+    raw = sorted(k.encode() for k in keys)
+    prefixes = {k[:i] for k in raw for i, c in enumerate(k) if c == ord("/")}
+    mask = keys_that_are_directories(pa.array(raw, pa.large_binary()))
+    assert [k for k, m in zip(raw, mask, strict=True) if m] == [k for k in raw if k in prefixes]
+
+
+DEEP_KEYS = r"""
+import resource, sys
+from refmount.refs.index import IndexBuilder, KeyIndex
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # should the bound break badly
+warm = IndexBuilder("skip")  # first use of the kernels on the same paths: not what is measured
+warm.add_items([("a/b", "v"), ("a/b.x", "v"), ("a/b/c", "v"), ("c" * 300 + "/d", "v")])
+warm.finish()
+deep = "/".join(["a"] * 4093)
+extra = sys.argv[1]
+pairs = [(f"k{i}/{deep}", "v") for i in range(100)]
+pairs += [(f"k{i}/{deep}{extra}", "w") for i in range(100) if extra]
+b = IndexBuilder("skip")
+b.add_items(pairs)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+n = KeyIndex(b.finish()).n
+print(n, len(b.skipped), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+
+
+@pytest.mark.parametrize("extra", ["", ".x", "/b"])
+def test_deep_keys_are_checked_in_memory_linear_in_their_size(extra: str) -> None:
+    """100 keys of 4,094 components (820 KB): every directory prefix of every key would be
+    1.6 GB. Checking them grows the peak RSS by a small multiple of the keys, with and
+    without neighbours that the keys are prefixes of (".x": the sort, no clash; "/b": the
+    keys are directories too, and skipped)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", DEEP_KEYS, extra], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    n, skipped, grown_kib = map(int, r.stdout.split())
+    assert (n, skipped) == {"": (100, 0), ".x": (200, 0), "/b": (100, 100)}[extra]
+    assert grown_kib < 64 << 10, f"peak RSS grew by {grown_kib >> 10} MiB"
 
 
 def test_limits_bound_keys_and_inline_values() -> None:
