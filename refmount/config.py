@@ -413,6 +413,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_key_length", Size(lo=1), 64 * 2**10, "longest key, in bytes"),
     Option("max_nesting", Int(2, 512), 256,
            "deepest nesting of JSON arrays and objects in SOURCE"),
+    Option("max_record", Size(lo=1 << 20), 64 * 2**20,
+           "most bytes a Parquet record file may decode to; a larger one gives EIO for its keys"),
 )
 
 OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -3,7 +3,7 @@
 Three guards, each cheap next to the parsing it protects:
 
 * :class:`Limits` — the configured bounds (mount options ``max_inline``, ``max_ratio``,
-  ``max_key_depth``, ``max_key_length``, ``max_nesting``).
+  ``max_key_depth``, ``max_key_length``, ``max_nesting``, ``max_record``).
 * :class:`ExpansionGuard` — wraps a decompressing stream and refuses SOURCE as soon as it has
   expanded more than ``max_ratio`` times the compressed bytes read so far (a gzip, bz2, xz or
   zstd bomb is stopped while it streams).
@@ -43,11 +43,12 @@ class Limits:
     max_key_depth: int = MAX_KEY_DEPTH  # "/"-separated components of a key
     max_key_length: int = 64 << 10  # bytes of a key
     max_nesting: int = 256  # nesting of JSON arrays and objects in SOURCE
+    max_record: int = 64 << 20  # bytes a Parquet record file may decode to
 
     @classmethod
     def from_config(cls, cfg: Any) -> Limits:
         return cls(cfg.max_inline, cfg.max_ratio, cfg.max_key_depth, cfg.max_key_length,
-                   cfg.max_nesting)
+                   cfg.max_nesting, cfg.max_record)
 
     @property
     def max_token(self) -> int:
@@ -148,9 +149,11 @@ class _Scanner:
     of the last chunk (an escaped quote may straddle two chunks), the depth, and where the
     current token began. Only positions of quotes and brackets are looked at one by one."""
 
-    def __init__(self, name: str, limits: Limits) -> None:
+    def __init__(self, name: str, limits: Limits, count_values: bool = False) -> None:
         self.name = name
         self.limits = limits
+        self.count_values = count_values
+        self.values = 0  # with count_values: '[', '{' and ',' outside strings (bounds the values)
         self.in_string = False
         self.backslashes = 0
         self.depth = 0
@@ -178,6 +181,10 @@ class _Scanner:
         if brackets.size:
             inside = (np.searchsorted(quotes, brackets) + start_in_string) & 1
             brackets = brackets[inside == 0]
+        if self.count_values:
+            commas = np.flatnonzero(a == 44)
+            outside = ((np.searchsorted(quotes, commas) + start_in_string) & 1) == 0
+            self.values += int(outside.sum()) + int((folded[brackets] == 123).sum())
         if brackets.size:
             boundary = True
             steps = np.where(folded[brackets] == 123, 1, -1)
@@ -239,9 +246,9 @@ class JsonReader:
     module's docstring). ijson's parsers take any chunk size from ``read``; ``read(0)`` (its
     probe for text streams) reads nothing."""
 
-    def __init__(self, stream: IO[bytes], name: str, limits: Limits) -> None:
+    def __init__(self, stream: IO[bytes], name: str, limits: Limits, count_values: bool = False) -> None:
         self._stream = stream
-        self._scanner = _Scanner(name, limits)
+        self._scanner = _Scanner(name, limits, count_values)
         self._size = CHUNK
 
     def read(self, n: int = -1) -> bytes:
@@ -259,3 +266,9 @@ class JsonReader:
             boundary = self._scanner.scan(data)
             self._size = CHUNK if boundary else min(self._size * 2, 1 << 30)
         return data
+
+    @property
+    def values(self) -> int:
+        """With ``count_values``: an upper bound, less one, on the JSON values read so far
+        (each value but the first opens a container or follows a comma)."""
+        return self._scanner.values
