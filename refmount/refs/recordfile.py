@@ -9,7 +9,8 @@ footer has been checked, and what is decoded is counted as it comes:
 * the rows (the sum over row groups) may not exceed ``record_size``, the rows a record holds;
 * the column chunks of the columns read (``path``, ``offset``, ``size``, ``raw``) declare their
   uncompressed sizes: these plus a per-row cost must fit in ``max_bytes``;
-* ``path`` and ``raw`` are read as dictionaries (a value stored once stays in memory once);
+* ``path`` and ``raw`` are read as dictionaries (a value stored once stays in memory once),
+  unless encoded in a way Arrow cannot read into one (front coding);
 * rows are read in batches, and the bytes of each batch are added up (a dictionary counted
   once): a file whose data decode to more than ``max_bytes`` is refused after one batch
   beyond it. A batch of front-coded values has at most ``max_bytes / chunk size`` rows, each
@@ -30,6 +31,7 @@ from .model import ReferenceSetError
 
 COLUMNS = ("path", "offset", "size", "raw")
 DICTIONARY_COLUMNS = ("path", "raw")
+AS_DICTIONARY = {"PLAIN", "PLAIN_DICTIONARY", "RLE_DICTIONARY", "RLE", "BIT_PACKED"}
 # Memory per row beyond the column data: Arrow offsets, indices and validity of the four
 # columns, and the per-row arrays a decoded Record keeps (sizes, offsets, flags).
 ROW_COST = 48
@@ -90,6 +92,7 @@ def read_record(f: IO[bytes], where: str, record_size: int, max_bytes: int) -> p
                             "(the rows a record file holds)")
     declared = rows * ROW_COST
     front_coded = 0  # the largest column chunk of front-coded values
+    encodings: dict[str, set[str]] = {c: set() for c in wanted}
     for g in range(md.num_row_groups):
         group = md.row_group(g)
         for j in range(group.num_columns):
@@ -97,13 +100,15 @@ def read_record(f: IO[bytes], where: str, record_size: int, max_bytes: int) -> p
             if chunk.path_in_schema in wanted:
                 size = max(chunk.total_uncompressed_size, 0)
                 declared += size
+                encodings[chunk.path_in_schema].update(chunk.encodings)
                 if "DELTA_BYTE_ARRAY" in chunk.encodings:
                     front_coded = max(front_coded, size)
     if declared > max_bytes:
         raise RecordRefused(f"{where}: {rows:,} rows and {declared - rows * ROW_COST:,} bytes of "
                             f"column data decode to more than {bound}")
-    reader = pq.ParquetFile(f, metadata=md, read_dictionary=[c for c in DICTIONARY_COLUMNS
-                                                             if c in wanted], **limits)
+    # Arrow reads plain and dictionary-encoded values into a dictionary, not others.
+    dictionary = [c for c in DICTIONARY_COLUMNS if c in wanted and encodings[c] <= AS_DICTIONARY]
+    reader = pq.ParquetFile(f, metadata=md, read_dictionary=dictionary, **limits)
     batch_rows = BATCH_ROWS
     if front_coded:
         batch_rows = max(1, min(BATCH_ROWS, max_bytes // front_coded))
