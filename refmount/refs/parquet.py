@@ -170,7 +170,7 @@ class Cells:
         if pa.types.is_dictionary(column.type):
             self.values: pa.Array = column.dictionary
             indices = column.indices
-            self.index: np.ndarray | None = indices.fill_null(0).cast(pa.int64()).to_numpy()
+            self.index: np.ndarray | None = indices.fill_null(0).cast(pa.int32()).to_numpy()
             self.valid = indices.is_valid().to_numpy(zero_copy_only=False)
             if len(self.values) == 0:
                 self.valid = np.zeros(n, bool)

@@ -32,9 +32,9 @@ from .model import ReferenceSetError
 COLUMNS = ("path", "offset", "size", "raw")
 DICTIONARY_COLUMNS = ("path", "raw")
 AS_DICTIONARY = {"PLAIN", "PLAIN_DICTIONARY", "RLE_DICTIONARY", "RLE", "BIT_PACKED"}
-# Memory per row beyond the column data: Arrow offsets, indices and validity of the four
-# columns, and the per-row arrays a decoded Record keeps (sizes, offsets, flags).
-ROW_COST = 48
+# Memory per row beyond the Arrow data counted batch by batch: the per-row arrays a decoded
+# Record keeps (sizes, offsets, dictionary indices, flags).
+ROW_COST = 32
 BATCH_ROWS = 65536
 THRIFT_LISTS = 100_000  # longest list in a footer (row groups, columns, encodings ...)
 
@@ -76,7 +76,7 @@ def _batch_bytes(batch: pa.RecordBatch, dictionaries: set[int]) -> int:
 def read_record(f: IO[bytes], where: str, record_size: int, max_bytes: int) -> pa.Table:
     """The columns of ``COLUMNS`` that the record file ``f`` has, ``path`` and ``raw`` as
     dictionaries, refusing a file that would decode to more than ``max_bytes``."""
-    bound = f"max_record={size_text(max_bytes)}"
+    bound = f"max_record={size_text(max_bytes)} (raise max_record to read it)"
     footer = _footer_length(f)
     if footer is not None and footer > max_bytes:
         raise RecordRefused(f"{where}: a Parquet footer of {footer:,} bytes, over {bound}")
