@@ -461,7 +461,9 @@ def _references(pset: ParquetSet, target_options: dict[str, Any]) -> Iterator[tu
     loader = RecordCache(pset, target_options)
     rs = pset.record_size
     for array in pset.arrays:
-        for record_no in range(math.ceil(array.count / rs)):
+        records = math.ceil(array.count / rs)
+        present = list_records(f"{pset.root}/{array.path}", target_options, records)
+        for record_no in (range(records) if present is None else present.tolist()):
             record = loader._load(array, record_no)
             for row in np.flatnonzero(record.exists).tolist():
                 number = record_no * rs + row

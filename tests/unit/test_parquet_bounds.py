@@ -21,7 +21,7 @@ import trio
 from refmount.errors import ReadError
 from refmount.refs import ReferenceSetError
 from refmount.refs.limits import DEFAULT_LIMITS, Limits
-from refmount.refs.parquet import Record, RecordCache, load_parquet_set
+from refmount.refs.parquet import ParquetFormat, Record, RecordCache, load_parquet_set
 from refmount.refs.zmetadata import MAX_VALUES
 
 MiB = 1 << 20
@@ -152,3 +152,11 @@ def test_zmetadata_with_bare_nan_still_reads(tmp_path: Path) -> None:
     root = zmetadata(tmp_path / "s", b'{"record_size": 2, "metadata": {".zattrs": {"v": NaN}}}')
     pset = load_parquet_set(str(root), {}, "error")
     assert pset.record_size == 2 and pset.quirks == {"numbers were a bare NaN or Infinity": 1}
+
+
+def test_references_of_a_huge_grid_skip_absent_record_files(tmp_path: Path) -> None:
+    """``refmount expand``/``inspect`` of shape [2**39], record_size 1, one record file: the
+    record files there are come from the directory listing, not 2**39 attempts."""
+    root = make_set(tmp_path / "s", 2**39, 1, raw_rows(pa.array([b"one"], pa.binary())))
+    found = list(ParquetFormat().references(str(root), {}))
+    assert [(k, r.data) for k, r in found if not k.rpartition("/")[2].startswith(".")] == [("x/0", b"one")]
