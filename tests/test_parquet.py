@@ -620,13 +620,13 @@ def test_size_zero_is_whole_only_at_offset_zero(mount, tmp_path):
 
 def _grid_set(root: Path, arrays: dict[str, tuple[int, int]], record_size: int) -> Path:
     """Arrays ``name: (shape, record files)`` of 1-byte chunks; each record file has
-    ``record_size`` rows, every row the inline value ``v`` (one dictionary value)."""
+    ``record_size`` rows, every row the inline value ``v``."""
     meta = {".zgroup": {"zarr_format": 2}}
     for name, (shape, records) in arrays.items():
         meta[f"{name}/.zarray"] = {**ZARRAY_V, "shape": [shape], "chunks": [1]}
         (root / name).mkdir(parents=True)
         rows = min(record_size, shape)
-        raw = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, np.int32)), pa.array([b"v"]))
+        raw = pa.array(np.full(rows, b"v", "S1"), pa.binary())
         table = pa.table({"path": pa.nulls(rows, pa.string()), "offset": pa.array(np.zeros(rows, "i8")),
                           "size": pa.array(np.zeros(rows, "i8")), "raw": raw})
         for record in range(records):
