@@ -424,6 +424,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_template_seconds", Seconds(), 10.0,
            "CPU seconds all Version 1 template renderings of a set may take together (one "
            "rendering: at most 2 s)"),
+    Option("max_record", Size(lo=1 << 20), 64 * 2**20,
+           "most bytes a Parquet record file may decode to; a larger one gives EIO for its keys"),
 )
 
 OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

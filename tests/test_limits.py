@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -490,6 +491,102 @@ def amplifiers(d: Path, target: Path) -> list[Input]:
     return inputs
 
 
+# ---- Parquet: record files that decode to far more than they store, huge grids, .zmetadata bombs ---
+
+
+def listing(key: str, expected: list[str], seconds: float = 20.0) -> Callable[[Path], None]:
+    """``ls -f`` of a directory (in a child process, so that a listing that does not end is a
+    problem reported, not a hang of the harness) lists exactly ``expected``."""
+    def check(mnt: Path) -> None:
+        r = subprocess.run(["ls", "-f", str(mnt / key)], capture_output=True, text=True,
+                           timeout=seconds)
+        names = sorted(n for n in r.stdout.splitlines() if n not in (".", ".."))
+        assert r.returncode == 0 and names == sorted(expected), (r.returncode, names[:10], r.stderr)
+    return check
+
+
+def unlistable(key: str, seconds: float = 20.0) -> Callable[[Path], None]:
+    """Listing the directory fails with EIO (a record file over bounds), in bounded time."""
+    def check(mnt: Path) -> None:
+        r = subprocess.run(["ls", "-f", str(mnt / key)], capture_output=True, text=True,
+                           timeout=seconds)
+        assert r.returncode != 0 and "Input/output error" in r.stderr, (r.returncode, r.stderr)
+    return check
+
+
+def record_set(root: Path, shape: int, record_size: int, records: dict[int, list[pa.RecordBatch]],
+               ) -> Path:
+    """A Parquet set with one array ``x`` (chunks of 1), record files written batch by batch
+    (so a file of 60 million rows needs little memory to write) without the Arrow schema
+    (readers then decode dictionary columns to plain values unless asked not to)."""
+    write(root / ".zmetadata", {"record_size": record_size, "metadata": {
+        ".zgroup": {"zarr_format": 2}, "x/.zarray": {**ZARRAY, "shape": [shape]}}})
+    (root / "x").mkdir(parents=True, exist_ok=True)
+    for number, batches in records.items():
+        with pq.ParquetWriter(root / "x" / f"refs.{number}.parq", batches[0].schema,
+                              store_schema=False, compression="zstd") as w:
+            for batch in batches:
+                w.write_batch(batch, row_group_size=batch.num_rows)
+    return root
+
+
+def rows(n: int, raw: pa.Array | None = None) -> pa.RecordBatch:
+    return pa.record_batch({"path": pa.nulls(n, pa.string()),
+                            "offset": pa.array(np.zeros(n, np.int64)),
+                            "size": pa.array(np.zeros(n, np.int64)),
+                            "raw": raw if raw is not None else pa.nulls(n, pa.binary())})
+
+
+def parquet_bombs(d: Path, target: Path) -> list[Input]:
+    inputs: list[Input] = []
+
+    def add(*a, **k) -> None:
+        inputs.append(Input(*a, **k))
+
+    # 40 'raw' cells of 60 MiB, dictionary-encoded: one 60 MiB value stored once (27 KB on
+    # disk), 2.4 GB if decoded to plain values. Served exactly, the value held once.
+    cell = b"\0" * (60 * MiB)
+    raw = pa.DictionaryArray.from_arrays(pa.array(np.zeros(40, np.int32)), pa.array([cell], pa.binary()))
+    add("parquet-dictionary-cells-2.4G", record_set(d / "pq-dict", 40, 40, {0: [rows(40, raw)]}),
+        "mount", check=all_of(listing("x", [".zarray", *map(str, range(40))]),
+                              same_bytes("x/0", cell), same_bytes("x/39", cell)))
+    del cell, raw
+    # 60 million rows where record_size is 10 (a record file of ~1 MB): EIO for its keys.
+    million = rows(10**6)
+    add("parquet-60M-rows-record_size-10",
+        record_set(d / "pq-rows", 100, 10, {0: [million] * 60, 2: [rows(10)]}), "mount",
+        check=all_of(eio("x/0"), unlistable("x"), same_bytes("x/.zarray", json.dumps(
+            {**ZARRAY, "shape": [100]}).encode())))
+    # The same rows where record_size allows them: over the bound on a record's decoded size.
+    add("parquet-60M-rows-record_size-1e8",
+        record_set(d / "pq-rows-big", 10**8, 10**8, {0: [million] * 60}), "mount",
+        check=all_of(eio("x/5"), eio("x/59999999")))
+    # A grid of 2**39 chunks, record_size 1, one record file: listing it is bounded work.
+    one = rows(1, pa.array([b"one"], pa.binary()))
+    add("parquet-grid-2^39-record_size-1", record_set(d / "pq-grid", 2**39, 1, {0: [one]}), "mount",
+        check=all_of(listing("x", [".zarray", "0"]), same_bytes("x/0", b"one")))
+    # The same grid in one record of 2**39 rows (declared; the file has 1).
+    add("parquet-grid-2^39-one-record", record_set(d / "pq-grid1", 2**39, 2**39, {0: [one]}), "mount",
+        check=all_of(listing("x", [".zarray", "0"]), same_bytes("x/0", b"one")))
+
+    # .zmetadata: larger than max_inline; 2**24 tiny JSON values within it; nested too deep.
+    def zmeta(name: str, text: bytes) -> Path:
+        write(d / name / ".zmetadata", text)
+        return d / name
+
+    with open(zmeta("pq-zmeta-150M", b"") / ".zmetadata", "wb") as f:
+        f.write(b'{"record_size": 1, "metadata": {".zgroup": {"zarr_format": 2}, "a/.zattrs": {"v": [')
+        f.write(b"{}," * (50 * MiB) + b'{}]}}}')
+    add("parquet-zmetadata-150M", d / "pq-zmeta-150M", "refuse", (".zmetadata", "max_inline"))
+    add("parquet-zmetadata-16M-values", zmeta("pq-zmeta-values", b'{"record_size": 1, "metadata": '
+        b'{".zgroup": {"zarr_format": 2}, "a/.zattrs": {"v": [' + b"[]," * (16 * MiB) + b'[]]}}}'),
+        "refuse", (".zmetadata", "values"))
+    add("parquet-zmetadata-nested", zmeta("pq-zmeta-deep", b'{"record_size": 1, "metadata": '
+        b'{"a/.zattrs": {"v": ' + b"[" * 10**5 + b"]" * 10**5 + b"}}}"), "refuse",
+        (".zmetadata", "max_nesting"))
+    return inputs
+
+
 # ---- truncated and corrupted files of every format (hypothesis) -----------------------------------
 
 
@@ -605,7 +702,8 @@ def test_hostile_inputs_end_within_bounds(tmp_path, capsys):
     target = write(tmp_path / "data" / "target.bin", TARGET)
     d = tmp_path / "inputs"
     d.mkdir()
-    inputs = hand_made(d, target) + damaged(d, target) + generated(d, target) + amplifiers(d, target)
+    inputs = (hand_made(d, target) + damaged(d, target) + generated(d, target)
+              + amplifiers(d, target) + parquet_bombs(d, target))
     names = [i.name for i in inputs]
     assert len(set(names)) == len(names)
     lock = threading.Lock()

@@ -10,11 +10,18 @@ give EIO for their keys only.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import http.server
 import json
 import os
 import shutil
+import signal
 import stat
+import subprocess
+import threading
+import time
+import zlib
 from pathlib import Path
 
 import fsspec
@@ -637,3 +644,109 @@ def test_size_zero_is_whole_only_at_offset_zero(mount, tmp_path):
     for key in ("n/0", "n/1"):
         assert_eio(m / key)
     assert (m / "v" / "2").read_bytes() == bytes([10, 11, 12])
+
+
+# --- bounds: huge grids, a .zmetadata bomb over HTTP ------------------------------------------
+
+
+def _grid_set(root: Path, arrays: dict[str, tuple[int, int]], record_size: int) -> Path:
+    """Arrays ``name: (shape, record files)`` of 1-byte chunks; each record file has
+    ``record_size`` rows, every row the inline value ``v``."""
+    meta = {".zgroup": {"zarr_format": 2}}
+    for name, (shape, records) in arrays.items():
+        meta[f"{name}/.zarray"] = {**ZARRAY_V, "shape": [shape], "chunks": [1]}
+        (root / name).mkdir(parents=True)
+        rows = min(record_size, shape)
+        raw = pa.array(np.full(rows, b"v", "S1"), pa.binary())
+        table = pa.table({"path": pa.nulls(rows, pa.string()), "offset": pa.array(np.zeros(rows, "i8")),
+                          "size": pa.array(np.zeros(rows, "i8")), "raw": raw})
+        for record in range(records):
+            pq.write_table(table, root / name / f"refs.{record}.parq")
+    (root / ".zmetadata").write_text(json.dumps({"metadata": meta, "record_size": record_size}))
+    return root
+
+
+def _ls(path: Path) -> subprocess.Popen:
+    return subprocess.Popen(["ls", "-f", str(path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+
+def test_a_huge_grid_lists_at_once_and_a_long_listing_is_interruptible(mount, tmp_path):
+    """shape [2**39], record_size 1, one record file: ``ls`` and ``ls | head`` answer at once.
+    A listing of millions of keys stops within seconds when ``ls`` gets SIGINT or SIGKILL
+    (every readdir request is bounded work), and the mount then unmounts (nothing busy)."""
+    huge = mount(_grid_set(tmp_path / "huge", {"x": (2**39, 1)}, 1), *OPTS)
+    r = subprocess.run(["ls", "-f", str(huge / "x")], capture_output=True, text=True, timeout=20)
+    assert sorted(r.stdout.split()) == [".", "..", ".zarray", "0"], r
+    r = subprocess.run(f"ls {huge / 'x'} | head -1", shell=True, capture_output=True, text=True,
+                       timeout=20)
+    assert r.stdout.split() == ["0"], r  # ls hides .zarray
+    assert (huge / "x" / "0").read_bytes() == b"v"
+
+    dense = mount(_grid_set(tmp_path / "dense", {"d": (4 * 10**6, 4)}, 10**6), *OPTS)
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        ls = _ls(dense / "d")
+        time.sleep(1.5)
+        assert ls.poll() is None, "the listing ended too soon to be interrupted"
+        began = time.monotonic()
+        ls.send_signal(sig)
+        ls.wait(timeout=10)
+        assert time.monotonic() - began < 3, f"ls took {time.monotonic() - began:.1f} s to stop"
+    for m in (huge, dense):
+        r = fusermount_u(m)
+        assert r.returncode == 0 and not is_mounted(m), r.stderr
+
+
+class _GzipBombHandler(http.server.BaseHTTPRequestHandler):
+    """``/set/.zmetadata`` as a gzip ``Content-Encoding`` of 1 GiB of JSON text (1 MB sent)."""
+
+    body = b""
+
+    def _head(self) -> bool:
+        if self.path != "/set/.zmetadata":
+            self.send_error(404)
+            return False
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        return True
+
+    def do_HEAD(self) -> None:
+        self._head()
+
+    def do_GET(self) -> None:
+        if self._head():
+            with contextlib.suppress(OSError):
+                self.wfile.write(self.body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_gzip_encoded_zmetadata_bomb_over_http_is_refused_within_max_inline(mount_fails):
+    # One block of 8 MiB of spaces compressed once and repeated 128 times (a full flush
+    # between blocks makes each independent), in a gzip member with its own CRC and length.
+    comp = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    head, piece = b'{"record_size": 1, "metadata": {"a": "', b" " * (8 << 20)
+    first = comp.compress(head) + comp.flush(zlib.Z_FULL_FLUSH)
+    block = comp.compress(piece) + comp.flush(zlib.Z_FULL_FLUSH)
+    crc = zlib.crc32(head)
+    for _ in range(128):
+        crc = zlib.crc32(piece, crc)
+    size = len(head) + 128 * len(piece)
+    _GzipBombHandler.body = b"".join([b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03", first,
+                                      block * 128, comp.flush(), crc.to_bytes(4, "little"),
+                                      (size & 0xFFFFFFFF).to_bytes(4, "little")])
+    assert zlib.decompressobj(31).decompress(_GzipBombHandler.body, 1 << 20).startswith(head)
+    assert len(_GzipBombHandler.body) < 2 << 20
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _GzipBombHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/set"
+        result, _line = mount_fails(url, *OPTS, must_mention=(".zmetadata", "max_inline=64M"))
+        assert result.seconds < 30
+    finally:
+        server.shutdown()
+        thread.join()

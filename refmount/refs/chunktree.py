@@ -9,11 +9,14 @@ Metadata keys keep ``KeyTree``'s numbers (below bit 62), so both are stable acro
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncIterator
 
 import numpy as np
+import trio
 
+from ..errors import ReadError
 from ..tree import Entry, KeyTree, Node
 from .model import Ref
 from .parquet import ArraySpec, ParquetSet, RecordCache
@@ -23,6 +26,10 @@ _P_BITS, _LEVEL_BITS, _AID_BITS = 40, 6, 16
 _P_MASK = (1 << _P_BITS) - 1
 _CHUNK_TOKEN = 1 << 41  # readdir tokens above this enumerate chunks
 _DECIMAL = re.compile(rb"0|[1-9][0-9]{0,18}")
+ENTRY_BATCH = 256  # chunk names made at a time while listing
+MAX_EMPTY_RECORDS = 64  # record files in a row without a key one listing request looks through
+
+log = logging.getLogger(__name__)
 
 
 def _chunk_ino(aid: int, level: int, p: int) -> int:
@@ -48,6 +55,7 @@ class ChunkTree:
         if len(self.arrays) >= 1 << _AID_BITS:
             raise ValueError("too many arrays")
         self._array_of_dir: dict[int, int] = {}
+        self._cut_short: set[int] = set()  # arrays whose listing ended early (warned once)
         self._array_dir: list[Node] = []
         for aid, array in enumerate(self.arrays):
             if max(array.count, 1) > _P_MASK or array.ndim >= 1 << _LEVEL_BITS:
@@ -153,11 +161,19 @@ class ChunkTree:
     async def _chunk_entries(
         self, aid: int, level: int, p: int, start: int, depth: int
     ) -> AsyncIterator[Entry]:
-        """Children of an array directory (level 0) or a nested chunk directory."""
+        """Children of an array directory (level 0) or a nested chunk directory, from the
+        resume token ``start``. Bounded work per call, whatever the grid: names are made
+        ENTRY_BATCH at a time as the caller takes them, record files that do not exist are
+        skipped by their listing (``RecordCache.present``) where the store has one, and at
+        most MAX_EMPTY_RECORDS record files in a row without a key are looked through: with
+        entries found, the call ends there (the caller asks again from the last one);
+        without, the listing ends, with one warning."""
         array = self.arrays[aid]
         first = max(start - _CHUNK_TOKEN, 0)
         if self._nested(array) and level + 1 < array.ndim:
             for i in range(first, array.dims[level]):
+                if i % ENTRY_BATCH == 0:
+                    await trio.lowlevel.checkpoint()
                 q = p * array.dims[level] + i
                 yield str(i).encode(), _chunk_ino(aid, level + 1, q), True, _CHUNK_TOKEN + i + 1, 0
             return
@@ -169,24 +185,53 @@ class ChunkTree:
             lo, hi = 0, array.count
         number = lo + first
         rs = self.record_size
+        present = await self.records.present(aid) if number < hi else None
+        empty = 0  # record files in a row without a key
+        found = False  # entries given by this call
         while number < hi:
-            record = await self.records.get(aid, number // rs)
-            row0 = number % rs
-            stop = min(hi, number - row0 + rs)
-            sizes = np.full(stop - number, -2, np.int64)
-            avail = max(min(record.n, row0 + len(sizes)) - row0, 0)
-            sizes[:avail] = record.sizes[row0 : row0 + avail]
-            present = np.flatnonzero(sizes != -2)
-            qs = number + present
-            if nested:  # names are the last coordinate only
-                names = (qs % array.dims[-1]).tolist()
-                labels = [str(v) for v in names]
-            else:
-                coords = [c.tolist() for c in np.unravel_index(qs, array.dims)]
-                labels = [array.separator.join(map(str, t)) for t in zip(*coords, strict=True)]
-            for q, label, size in zip(qs.tolist(), labels, sizes[present].tolist(), strict=True):
-                yield label.encode(), _chunk_ino(aid, 0, q), False, _CHUNK_TOKEN + (q - lo) + 1, size
+            await trio.lowlevel.checkpoint()
+            record_no = number // rs
+            if present is not None:  # skip record files that do not exist
+                i = int(np.searchsorted(present, record_no))
+                if i == len(present):
+                    return
+                if int(present[i]) != record_no:
+                    number = int(present[i]) * rs
+                    continue
+            try:
+                record = await self.records.get(aid, record_no)
+            except ReadError:
+                if found:
+                    return  # these entries first; the next call meets the error
+                raise
+            base = record_no * rs
+            stop = min(hi, base + rs)
+            rows = np.flatnonzero(record.sizes[number - base : max(min(record.n, stop - base), 0)] != -2)
+            rows += number - base
+            for b in range(0, len(rows), ENTRY_BATCH):
+                if b:
+                    await trio.lowlevel.checkpoint()
+                qs = base + rows[b : b + ENTRY_BATCH]
+                if nested:  # names are the last coordinate only
+                    labels = [str(v) for v in (qs % array.dims[-1]).tolist()]
+                else:
+                    coords = [c.tolist() for c in np.unravel_index(qs, array.dims)]
+                    labels = [array.separator.join(map(str, t)) for t in zip(*coords, strict=True)]
+                sizes = record.sizes[qs - base].tolist()
+                for q, label, size in zip(qs.tolist(), labels, sizes, strict=True):
+                    yield label.encode(), _chunk_ino(aid, 0, q), False, _CHUNK_TOKEN + (q - lo) + 1, size
             number = stop
+            if len(rows):
+                found, empty = True, 0
+                continue
+            empty += 1
+            if empty >= MAX_EMPTY_RECORDS:
+                if not found and aid not in self._cut_short:
+                    self._cut_short.add(aid)
+                    log.warning("listing of %s ends before chunk %d of %d: %d record files in a row "
+                                "hold no key (keys after them open by name)", array.path, number,
+                                array.count, empty)
+                return
 
     # ---- references ---------------------------------------------------------------------
     async def ref(self, node: Node) -> Ref:

@@ -4,7 +4,7 @@ Three guards, each cheap next to the parsing it protects:
 
 * :class:`Limits` — the configured bounds (mount options ``max_inline``, ``max_ratio``,
   ``max_key_depth``, ``max_key_length``, ``max_nesting``, ``max_keys``,
-  ``max_template_seconds``).
+  ``max_template_seconds``, ``max_record``).
 * :class:`ExpansionGuard` — wraps a decompressing stream and refuses SOURCE as soon as it has
   expanded more than ``max_ratio`` times the compressed bytes read so far (a gzip, bz2, xz or
   zstd bomb is stopped while it streams).
@@ -46,6 +46,7 @@ class Limits:
     max_nesting: int = 256  # nesting of JSON arrays and objects in SOURCE
     max_keys: int = 20_000_000  # keys of a JSON set, gen products included
     max_template_seconds: float = 10.0  # CPU seconds of all template renderings of a set
+    max_record: int = 64 << 20  # bytes a Parquet record file may decode to
     # seconds a remote SOURCE may take to answer one open or read (not part of what the
     # index is built under: excluded from comparison and repr)
     source_timeout: float | None = field(default=None, compare=False, repr=False)
@@ -54,7 +55,8 @@ class Limits:
     def from_config(cls, cfg: Any) -> Limits:
         return cls(cfg.max_inline, cfg.max_ratio, cfg.max_key_depth, cfg.max_key_length,
                    cfg.max_nesting, max_keys=cfg.max_keys,
-                   max_template_seconds=cfg.max_template_seconds, source_timeout=cfg.timeout)
+                   max_template_seconds=cfg.max_template_seconds, max_record=cfg.max_record,
+                   source_timeout=cfg.timeout)
 
     @property
     def max_token(self) -> int:
@@ -155,9 +157,11 @@ class _Scanner:
     of the last chunk (an escaped quote may straddle two chunks), the depth, and where the
     current token began. Only positions of quotes and brackets are looked at one by one."""
 
-    def __init__(self, name: str, limits: Limits) -> None:
+    def __init__(self, name: str, limits: Limits, count_values: bool = False) -> None:
         self.name = name
         self.limits = limits
+        self.count_values = count_values
+        self.values = 0  # with count_values: '[', '{' and ',' outside strings (bounds the values)
         self.in_string = False
         self.backslashes = 0
         self.depth = 0
@@ -185,6 +189,10 @@ class _Scanner:
         if brackets.size:
             inside = (np.searchsorted(quotes, brackets) + start_in_string) & 1
             brackets = brackets[inside == 0]
+        if self.count_values:
+            commas = np.flatnonzero(a == 44)
+            outside = ((np.searchsorted(quotes, commas) + start_in_string) & 1) == 0
+            self.values += int(outside.sum()) + int((folded[brackets] == 123).sum())
         if brackets.size:
             boundary = True
             steps = np.where(folded[brackets] == 123, 1, -1)
@@ -246,9 +254,9 @@ class JsonReader:
     module's docstring). ijson's parsers take any chunk size from ``read``; ``read(0)`` (its
     probe for text streams) reads nothing."""
 
-    def __init__(self, stream: IO[bytes], name: str, limits: Limits) -> None:
+    def __init__(self, stream: IO[bytes], name: str, limits: Limits, count_values: bool = False) -> None:
         self._stream = stream
-        self._scanner = _Scanner(name, limits)
+        self._scanner = _Scanner(name, limits, count_values)
         self._size = CHUNK
 
     def read(self, n: int = -1) -> bytes:
@@ -266,3 +274,9 @@ class JsonReader:
             boundary = self._scanner.scan(data)
             self._size = CHUNK if boundary else min(self._size * 2, 1 << 30)
         return data
+
+    @property
+    def values(self) -> int:
+        """With ``count_values``: an upper bound, less one, on the JSON values read so far
+        (each value but the first opens a container or follows a comma)."""
+        return self._scanner.values

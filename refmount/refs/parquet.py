@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import posixpath
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,23 +24,23 @@ from typing import Any
 
 import fsspec
 import numpy as np
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import trio
+from fsspec.implementations.local import LocalFileSystem
 
+from ..errors import ReadError
 from ..lru import LRU
 from ..singleflight import SingleFlight
 from .format import Format, IndexFile, OpenedTree, Options
 from .index import IndexBuilder, KeyIndex
 from .limits import DEFAULT_LIMITS, Limits, size_text
 from .model import Ref, ReferenceSetError, RefKind
-from .source import open_source
+from .recordfile import COLUMNS, RecordRefused, read_record
+from .zmetadata import read_zmetadata
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("path", "offset", "size", "raw")
 RECORD_CACHE_BYTES = 256 << 20  # decoded record files kept in memory (beyond the newest)
 
 
@@ -124,18 +126,7 @@ def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str,
                      limits: Limits = DEFAULT_LIMITS) -> ParquetSet:
     root = parquet_root(source, target_options) or source.rstrip("/")
     name = root + "/.zmetadata"
-    nonfinite_seen: list[str] = []
-    with open_source(name, target_options, limits.max_ratio, limits.source_timeout) as f:
-        raw = f.read()
-    nonfinite = 0
-    try:
-        meta = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        try:  # bare NaN/Infinity, as Python's json (LazyReferenceMapper) writes them
-            meta = json.loads(raw, parse_constant=lambda c: nonfinite_seen.append(c) or float(c))
-        except (ValueError, RecursionError):
-            raise ReferenceSetError(f"{name}: malformed JSON: {e}") from None
-        nonfinite = len(nonfinite_seen)
+    meta, nonfinite, raw = read_zmetadata(name, target_options, limits)
     if not isinstance(meta, dict):
         raise ReferenceSetError(f"{name}: must be a JSON object")
     record_size = meta.get("record_size")
@@ -207,8 +198,47 @@ def _int64(column: pa.Array, name: str, where: str) -> np.ndarray:
     if pa.types.is_unsigned_integer(column.type) and len(column) and (
         pc.max(column).as_py() > np.iinfo(np.int64).max
     ):
-        raise ReferenceSetError(f"{where}: column '{name}' has values beyond 64-bit integers")
+        raise RecordRefused(f"{where}: column '{name}' has values beyond 64-bit integers")
     return column.cast(pa.int64()).to_numpy()
+
+
+class Cells:
+    """A ``path`` or ``raw`` column, plain or dictionary-encoded, as the value of each row: a
+    dictionary is never decoded (a value that many rows share is held once)."""
+
+    def __init__(self, column: pa.Array) -> None:
+        n = len(column)
+        if pa.types.is_dictionary(column.type):
+            self.values: pa.Array = column.dictionary
+            indices = column.indices
+            self.index: np.ndarray | None = indices.fill_null(0).cast(pa.int32()).to_numpy()
+            self.valid = indices.is_valid().to_numpy(zero_copy_only=False)
+            if len(self.values) == 0:
+                self.valid = np.zeros(n, bool)
+            elif self.values.null_count:
+                self.valid &= self.values.is_valid().to_numpy(zero_copy_only=False)[self.index]
+        else:
+            self.values = column
+            self.index = None
+            self.valid = column.is_valid().to_numpy(zero_copy_only=False)
+
+    @property
+    def type(self) -> pa.DataType:
+        return self.values.type
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.nbytes + self.valid.nbytes + (0 if self.index is None else self.index.nbytes)
+
+    def __getitem__(self, row: int) -> pa.Scalar:
+        return self.values[int(self.index[row]) if self.index is not None else row]
+
+    def lengths(self) -> np.ndarray:
+        """Byte length of each row's value (0 for a null)."""
+        if not len(self.values):
+            return np.zeros(len(self.valid), np.int64)
+        lengths = pc.binary_length(self.values).fill_null(0).cast(pa.int64()).to_numpy()
+        return lengths[self.index] if self.index is not None else lengths
 
 
 class Record:
@@ -228,48 +258,43 @@ class Record:
             return
         cols = {c: table[c].combine_chunks() for c in COLUMNS if c in table.column_names}
         if "raw" not in cols and "path" not in cols:
-            raise ReferenceSetError(f"{where}: has neither a 'path' nor a 'raw' column")
+            raise RecordRefused(f"{where}: has neither a 'path' nor a 'raw' column")
         n = self.n = table.num_rows
-        self.nbytes = table.nbytes
-        path = cols.get("path")
-        if path is not None:
-            if pa.types.is_dictionary(path.type):
-                path = path.dictionary_decode()
+        del table
+        path = raw = None
+        if "path" in cols:
+            path = Cells(pa.nulls(n, pa.string()) if pa.types.is_null(cols["path"].type) else cols["path"])
             if not (pa.types.is_string(path.type) or pa.types.is_large_string(path.type)):
-                if pa.types.is_null(path.type):
-                    path = pa.nulls(n, pa.string())
-                else:
-                    raise ReferenceSetError(f"{where}: column 'path' must be strings, not {path.type}")
-        raw = cols.get("raw")
-        if raw is not None:
-            if pa.types.is_null(raw.type):
-                raw = pa.nulls(n, pa.binary())
-            elif not (pa.types.is_binary(raw.type) or pa.types.is_large_binary(raw.type)):
-                raise ReferenceSetError(f"{where}: column 'raw' must be binary, not {raw.type}")
+                raise RecordRefused(f"{where}: column 'path' must be strings, not {path.type}")
+        if "raw" in cols:
+            raw = Cells(pa.nulls(n, pa.binary()) if pa.types.is_null(cols["raw"].type) else cols["raw"])
+            if not (pa.types.is_binary(raw.type) or pa.types.is_large_binary(raw.type)):
+                raise RecordRefused(f"{where}: column 'raw' must be binary, not {raw.type}")
         for c in ("offset", "size"):
             if path is not None and c not in cols:
-                raise ReferenceSetError(f"{where}: has 'path' but no '{c}' column")
+                raise RecordRefused(f"{where}: has 'path' but no '{c}' column")
             if c in cols and not pa.types.is_integer(cols[c].type):
-                raise ReferenceSetError(f"{where}: column '{c}' must be integers, not {cols[c].type}")
+                raise RecordRefused(f"{where}: column '{c}' must be integers, not {cols[c].type}")
         self.path = path
         self.raw = raw
         self.offset = _int64(cols["offset"], "offset", where) if "offset" in cols else None
         size = _int64(cols["size"], "size", where) if "size" in cols else np.zeros(n, np.int64)
         no_size = (cols["size"].is_null().to_numpy(zero_copy_only=False) if "size" in cols
                    else np.zeros(n, bool))
-        has_raw = raw.is_valid().to_numpy(zero_copy_only=False) if raw is not None else np.zeros(n, bool)
-        has_path = path.is_valid().to_numpy(zero_copy_only=False) if path is not None else np.zeros(n, bool)
+        del cols
+        has_raw = raw.valid if raw is not None else np.zeros(n, bool)
+        has_path = path.valid if path is not None else np.zeros(n, bool)
         self.exists = has_raw | has_path
-        raw_len = pc.binary_length(raw).fill_null(0).to_numpy() if raw is not None else 0
+        raw_len = raw.lengths() if raw is not None else np.zeros(n, np.int64)
         if raw is not None and n and int(raw_len.max()) > max_inline:
             row = int(np.argmax(raw_len > max_inline))
-            raise ReferenceSetError(
+            raise RecordRefused(
                 f"{where}: row {row}: 'raw' value of {int(raw_len[row]):,} bytes is over the limit "
                 f"max_inline={size_text(max_inline)}")
         offset = self.offset if self.offset is not None else np.zeros(n, np.int64)
         ranged = has_path & ~has_raw
         if (size[ranged] < 0).any() or (offset[ranged] < 0).any():
-            raise ReferenceSetError(f"{where}: negative offset or size")
+            raise RecordRefused(f"{where}: negative offset or size")
         # Size of each key: raw length; range size; -1 for a whole-file target. As fsspec's
         # reader has it, only offset 0 *and* size 0 mean the whole target: size 0 at another
         # offset is an empty range (serving the whole target would expose bytes outside it).
@@ -277,12 +302,14 @@ class Record:
         whole = ((offset == 0) & (size == 0)) | no_size
         self.sizes = np.where(has_raw, raw_len, np.where(whole, -1, size)).astype(np.int64)
         self.sizes[~self.exists] = -2
+        self.nbytes = (self.sizes.nbytes + self.exists.nbytes + offset.nbytes
+                       + sum(c.nbytes for c in (path, raw) if c is not None))
 
     def ref(self, row: int, view: bool = False) -> Ref | None:
         """Row's reference; ``view``: a 'raw' value as a view into the record (no copy)."""
         if row >= self.n or not self.exists[row]:
             return None
-        if self.raw is not None and self.raw[row].is_valid:
+        if self.raw is not None and self.raw.valid[row]:
             cell = self.raw[row]
             data = memoryview(cell.as_buffer()) if view else cell.as_py()
             return Ref(RefKind.INLINE, None, 0, len(data), data)
@@ -302,24 +329,40 @@ class Record:
         return int(self.sizes[row]) if row < self.n else -2
 
 
+class RecordError(ReadError):
+    """A record file that cannot be read or is over a bound: EIO for its keys."""
+
+
 class RecordCache:
-    """Loads record files off the trio loop, one load per record at a time, LRU-bounded."""
+    """Loads record files off the trio loop, one load per record at a time, LRU-bounded.
+
+    Each record file is read within ``max_record`` bytes (recordfile.py); at most
+    ``LOADS`` load at once, and decoded records are kept up to RECORD_CACHE_BYTES (the
+    newest always). A record file refused for its content is remembered (its keys give EIO
+    at once, logged once); one that could not be read (I/O) is tried again next time.
+    ``present`` tells which record files of an array exist, where the store can list them.
+    """
+
+    LOADS = 4
 
     def __init__(self, pset: ParquetSet, target_options: dict[str, Any], capacity: int = 64,
                  relative: Callable[[str], bool] | None = None,
-                 max_inline: int = Limits.max_inline) -> None:
+                 max_inline: int = Limits.max_inline, max_record: int = Limits.max_record) -> None:
         self.pset = pset
         self.relative = relative  # which target paths are relative (TargetPolicy.relative)
         self.max_inline = max_inline
+        self.max_record = max_record
         self.target_options = target_options
         self.capacity = capacity
         self.max_bytes = RECORD_CACHE_BYTES
         # At most `capacity` records and RECORD_CACHE_BYTES (large 'raw' cells), the newest
         # always kept.
-        self._lru: LRU[tuple[int, int], Record] = LRU(
-            capacity, max_weight=self.max_bytes, weigh=lambda r: r.nbytes, keep_newest=True)
+        self._lru: LRU[tuple[int, int], Record | RecordError] = LRU(
+            capacity, max_weight=self.max_bytes, weigh=_weight, keep_newest=True)
         self._loading: SingleFlight[tuple[int, int], Record] = SingleFlight()
-        self._limiter = trio.CapacityLimiter(4)
+        self._limiter = trio.CapacityLimiter(self.LOADS)
+        self._present: dict[int, np.ndarray | None] = {}
+        self._listing: SingleFlight[int, np.ndarray | None] = SingleFlight()
         self.loads = 0
 
     def url(self, array: ArraySpec, record: int) -> str:
@@ -329,26 +372,80 @@ class RecordCache:
         url = self.url(array, record)
         try:
             with fsspec.open(url, "rb", **self.target_options) as f:
-                table = pq.read_table(f)
+                table = read_record(f, url, self.pset.record_size, self.max_record)
         except FileNotFoundError:
             return Record(None, url)
-        except (pa.ArrowInvalid, OSError) as e:
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise RecordRefused(f"{url}: unreadable Parquet ({e})") from None
+        except OSError as e:
             raise ReferenceSetError(f"{url}: unreadable Parquet ({e})") from None
         return Record(table, url, array.path + "/", self.relative, self.max_inline)
 
     async def get(self, array_id: int, record: int) -> Record:
         key = (array_id, record)
         rec = self._lru.get(key)
+        if isinstance(rec, RecordError):
+            raise rec
         if rec is not None:
             return rec
         return await self._loading.run(key, lambda: self._get(key))
 
     async def _get(self, key: tuple[int, int]) -> Record:
         array = self.pset.arrays[key[0]]
-        rec = await trio.to_thread.run_sync(self._load, array, key[1], limiter=self._limiter)
+        try:
+            rec = await trio.to_thread.run_sync(self._load, array, key[1], limiter=self._limiter)
+        except ReferenceSetError as e:
+            error = RecordError(str(e))
+            log.error("record file refused, its keys give EIO: %s", error)
+            error.logged = True
+            if isinstance(e, RecordRefused):
+                self._lru.put(key, error)
+            raise error from None
         self.loads += 1
         self._lru.put(key, rec)
         return rec
+
+    # ---- which record files exist ---------------------------------------------------------
+    async def present(self, array_id: int) -> np.ndarray | None:
+        """The numbers of the record files array ``array_id`` has, sorted, listed once from
+        a store that can list a directory (a local one); None where that cannot be told."""
+        if array_id in self._present:
+            return self._present[array_id]
+        return await self._listing.run(array_id, lambda: self._list(array_id))
+
+    async def _list(self, array_id: int) -> np.ndarray | None:
+        array = self.pset.arrays[array_id]
+        records = -(-max(array.count, 1) // self.pset.record_size)
+        found = await trio.to_thread.run_sync(
+            list_records, f"{self.pset.root}/{array.path}", self.target_options, records,
+            limiter=self._limiter)
+        self._present[array_id] = found
+        return found
+
+
+def _weight(rec: Record | RecordError) -> int:
+    return rec.nbytes if isinstance(rec, Record) else 0
+
+
+_RECORD_NAME = re.compile(r"refs\.(0|[1-9][0-9]{0,18})\.parq")
+
+
+def list_records(directory: str, target_options: dict[str, Any], records: int) -> np.ndarray | None:
+    """Numbers below ``records`` of the ``refs.N.parq`` files in ``directory`` of a local
+    store, sorted; None for other stores (a listing may be slow or partial there: record
+    files are then looked for one by one) or when the directory cannot be listed."""
+    try:
+        fs, path = fsspec.core.url_to_fs(directory, **target_options)
+        if not isinstance(fs, LocalFileSystem):
+            return None
+        with os.scandir(path) as entries:
+            numbers = [int(m.group(1)) for e in entries if (m := _RECORD_NAME.fullmatch(e.name))]
+    except FileNotFoundError:
+        return np.zeros(0, np.int64)
+    except (OSError, ValueError):
+        return None
+    found = np.unique(np.array(numbers, np.int64))
+    return found[found < records]
 
 
 # ---- the Format ------------------------------------------------------------------------------
@@ -386,7 +483,7 @@ class ParquetFormat(Format):
         options = dict(target_options)
         pset = load_parquet_set(source, options, bad_keys, limits)
         tree = ChunkTree(pset, RecordCache(pset, options, max_inline=limits.max_inline,
-                                           relative=relative))
+                                           max_record=limits.max_record, relative=relative))
         info = {"record_size": str(pset.record_size), "arrays": str(len(pset.arrays))}
         return OpenedTree(tree, pset.metadata, time.time_ns(), info)
 
@@ -405,7 +502,9 @@ def _references(pset: ParquetSet, target_options: dict[str, Any]) -> Iterator[tu
     loader = RecordCache(pset, target_options)
     rs = pset.record_size
     for array in pset.arrays:
-        for record_no in range(math.ceil(array.count / rs)):
+        records = math.ceil(array.count / rs)
+        present = list_records(f"{pset.root}/{array.path}", target_options, records)
+        for record_no in (range(records) if present is None else present.tolist()):
             record = loader._load(array, record_no)
             for row in np.flatnonzero(record.exists).tolist():
                 number = record_no * rs + row

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,7 +14,7 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refmount.refs import Ref, RefKind
+from refmount.refs import Ref, RefKind, chunktree
 from refmount.refs.chunktree import ChunkTree
 from refmount.refs.index import IndexBuilder, KeyIndex
 from refmount.refs.parquet import ArraySpec, ParquetSet, Record
@@ -31,16 +32,30 @@ class Case:
 
 
 class MemoryRecords:
-    """What ChunkTree asks of a RecordCache: ``get(array id, record number)``."""
+    """What ChunkTree asks of a RecordCache: ``get(array id, record number)``, and
+    ``present(array id)``: the record files there are, when ``listable`` (else None, as for
+    a store that cannot list a directory)."""
 
-    def __init__(self, tables: dict[tuple[int, int], pa.Table], loads: list[tuple[int, int]]) -> None:
+    def __init__(self, tables: dict[tuple[int, int], pa.Table], loads: list[tuple[int, int]],
+                 listable: bool = True) -> None:
         self.tables = tables
         self.loads = loads
+        self.listable = listable
+        self.decoded: dict[tuple[int, int], Record] = {}  # as RecordCache keeps them
 
     async def get(self, aid: int, record: int) -> Record:
         self.loads.append((aid, record))
         await trio.lowlevel.checkpoint()
-        return Record(self.tables.get((aid, record)), f"memory://{aid}/refs.{record}.parq")
+        if (aid, record) not in self.decoded:
+            self.decoded[aid, record] = Record(self.tables.get((aid, record)),
+                                               f"memory://{aid}/refs.{record}.parq")
+        return self.decoded[aid, record]
+
+    async def present(self, aid: int) -> np.ndarray | None:
+        await trio.lowlevel.checkpoint()
+        if not self.listable:
+            return None
+        return np.array(sorted(r for a, r in self.tables if a == aid), np.int64)
 
 
 def chunk_name(spec: ArraySpec, number: int) -> str:
@@ -101,7 +116,7 @@ def cases(draw: st.DrawFn) -> Case:
             })
     pset = ParquetSet("memory://set", record_size, KeyIndex(builder.finish()), specs)
     loads: list[tuple[int, int]] = []
-    tree = ChunkTree(pset, MemoryRecords(tables, loads))  # type: ignore[arg-type]
+    tree = ChunkTree(pset, MemoryRecords(tables, loads, draw(st.booleans())))  # type: ignore[arg-type]
     return Case(tree, files, absent, loads)
 
 
@@ -193,5 +208,107 @@ def test_metadata_keys_load_no_record(case: Case) -> None:
                     assert node is not None
                 await case.tree.ref(node)
         assert case.loads == []
+
+    trio.run(check)
+
+
+# ---- listing a huge grid: bounded work per call ------------------------------------------------
+
+
+def one_row(raw: bytes) -> pa.Table:
+    return pa.table({"path": pa.nulls(1, pa.string()), "offset": pa.array([0], pa.int64()),
+                     "size": pa.array([0], pa.int64()), "raw": pa.array([raw], pa.binary())})
+
+
+def huge_grid(record_size: int, tables: dict[int, pa.Table], listable: bool,
+              shape: tuple[int, ...] = (2**39,), sep: str = ".") -> tuple[ChunkTree, list]:
+    builder = IndexBuilder()
+    builder.add_inline("x/.zarray", json.dumps({"shape": list(shape), "chunks": [1] * len(shape)}).encode())
+    pset = ParquetSet("memory://set", record_size, KeyIndex(builder.finish()),
+                      [ArraySpec("x", shape, sep)])
+    loads: list[tuple[int, int]] = []
+    records = MemoryRecords({(0, r): t for r, t in tables.items()}, loads, listable)
+    return ChunkTree(pset, records), loads  # type: ignore[arg-type]
+
+
+async def names(tree: ChunkTree, node: Node, start: int = 0) -> list[tuple[bytes, int]]:
+    return [(name, token) async for name, _ino, _d, token, _s in tree.entries(node, start)]
+
+
+def test_a_grid_of_2_39_chunks_in_records_of_one_row_lists_in_bounded_work() -> None:
+    """shape [2**39], record_size 1, one record file: the listing is the one chunk. From a
+    store that lists the array's directory, no absent record file is asked for; from one
+    that cannot, at most MAX_EMPTY_RECORDS are, and the listing ends there."""
+    async def check() -> None:
+        for listable, most in ((True, 1), (False, 1 + chunktree.MAX_EMPTY_RECORDS)):
+            tree, loads = huge_grid(1, {0: one_row(b"one")}, listable)
+            array = tree.array_dir(0)
+            with trio.fail_after(5):
+                listed = await names(tree, array)
+            assert [n for n, _t in listed] == [b".zarray", b"0"]
+            assert len(loads) <= most
+            loads.clear()
+            assert await names(tree, array, listed[-1][1]) == []  # resuming after the last: done
+            assert len(loads) <= most
+
+    trio.run(check)
+
+
+def test_a_listing_with_entries_ends_its_call_at_a_run_of_empty_records() -> None:
+    """Records 0 and 1000 have a key, the 999 between are absent and the store cannot list:
+    the call gives chunk 0 and stops after MAX_EMPTY_RECORDS absent records; the next call,
+    from there, finds nothing within the same budget and the listing ends."""
+    async def check() -> None:
+        tree, loads = huge_grid(1, {0: one_row(b"a"), 1000: one_row(b"b")}, False, shape=(2000,))
+        array = tree.array_dir(0)
+        listed = await names(tree, array)
+        assert [n for n, _t in listed] == [b".zarray", b"0"]
+        assert len(loads) == 1 + chunktree.MAX_EMPTY_RECORDS
+        listable, _ = huge_grid(1, {0: one_row(b"a"), 1000: one_row(b"b")}, True, shape=(2000,))
+        assert [n for n, _t in await names(listable, listable.array_dir(0))] == [b".zarray", b"0", b"1000"]
+
+    trio.run(check)
+
+
+def test_one_record_of_2_39_rows_declared_lists_the_rows_the_file_has() -> None:
+    """record_size 2**39 with a record file of one row: nothing is sized by record_size."""
+    async def check() -> None:
+        tree, _ = huge_grid(2**39, {0: one_row(b"one")}, False)
+        with trio.fail_after(5):
+            assert [n for n, _t in await names(tree, tree.array_dir(0))] == [b".zarray", b"0"]
+
+    trio.run(check)
+
+
+def test_listing_a_dense_record_is_linear_and_checkpoints() -> None:
+    """A record of 100,000 keys: every call yields to the loop (the listing can be cancelled)
+    and taking the first entries of a call costs no more than a batch of names."""
+    n = 100_000
+    table = pa.table({"path": pa.nulls(n, pa.string()), "offset": pa.array(np.zeros(n, np.int64)),
+                      "size": pa.array(np.zeros(n, np.int64)), "raw": pa.array([b"v"] * n, pa.binary())})
+
+    async def check() -> None:
+        tree, _ = huge_grid(n, {0: table}, True, shape=(n,))
+        array = tree.array_dir(0)
+        token, listed = 0, 0
+        with trio.CancelScope() as scope:
+            scope.deadline = trio.current_time() + 20  # ~1 s; names of a whole record per call: ~60 s
+            while True:  # as readdir does: ~100 names per call, resuming from the last token
+                got = []
+                async with aclosing(tree.entries(array, token)) as entries:
+                    async for name, _ino, _d, tok, _s in entries:
+                        got.append((name, tok))
+                        if len(got) == 100:
+                            break
+                if not got:
+                    break
+                listed += len(got)
+                token = got[-1][1]
+        assert listed == n + 1
+        # Cancelling a listing that is under way: it stops at its next checkpoint.
+        with trio.move_on_after(0) as cancelled:
+            async for _entry in tree.entries(array):
+                pass
+        assert cancelled.cancelled_caught
 
     trio.run(check)
