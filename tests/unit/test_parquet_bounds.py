@@ -127,7 +127,7 @@ def test_zmetadata_over_max_inline_is_refused(tmp_path: Path) -> None:
     root = zmetadata(tmp_path / "s", text)
     with pytest.raises(ReferenceSetError, match=r"\.zmetadata: larger than max_inline=1M"):
         load_parquet_set(str(root), {}, "error", Limits(max_inline=1 * MiB))
-    assert load_parquet_set(str(root), {}, "error").metadata.n == 1
+    assert load_parquet_set(str(root), {}, "error").metadata.n == 2  # the key and .zmetadata itself
 
 
 def test_zmetadata_with_too_many_json_values_is_refused(tmp_path: Path) -> None:
@@ -137,7 +137,8 @@ def test_zmetadata_with_too_many_json_values_is_refused(tmp_path: Path) -> None:
         load_parquet_set(str(root), {}, "error")
     # Commas and brackets inside strings are not values.
     text = json.dumps({"record_size": 1, "metadata": {".zattrs": {"s": "[{," * MAX_VALUES}}})
-    assert load_parquet_set(str(zmetadata(tmp_path / "t", text.encode())), {}, "error").metadata.n == 1
+    loaded = load_parquet_set(str(zmetadata(tmp_path / "t", text.encode())), {}, "error")
+    assert loaded.metadata.n == 2  # the key and .zmetadata itself
 
 
 def test_zmetadata_nested_too_deep_is_refused_naming_max_nesting(tmp_path: Path) -> None:
@@ -145,7 +146,8 @@ def test_zmetadata_nested_too_deep_is_refused_naming_max_nesting(tmp_path: Path)
                      + b"[" * 300 + b"]" * 300 + b"}}}")
     with pytest.raises(ReferenceSetError, match=r"max_nesting=256"):
         load_parquet_set(str(root), {}, "error")
-    assert load_parquet_set(str(root), {}, "error", Limits(max_nesting=512)).metadata.n == 1
+    loaded = load_parquet_set(str(root), {}, "error", Limits(max_nesting=512))
+    assert loaded.metadata.n == 2  # the key and .zmetadata itself
 
 
 def test_zmetadata_with_bare_nan_still_reads(tmp_path: Path) -> None:
