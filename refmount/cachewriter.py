@@ -30,7 +30,7 @@ from typing import IO
 import trio
 
 from .cache import DiskCache, round_up
-from .process import private_files
+from .process import USER_SIGNALS, private_files
 from .spawn import child_env, module_command
 from .stats import Stats
 
@@ -180,7 +180,7 @@ class CacheWriter:
 
 def _child(notes_fd: int, ring_fd: int, capacity: int, directory: str, cache_size: int, direct: bool) -> int:
     # Stopping is the daemon's business: it closes the note pipe when it unmounts.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, *USER_SIGNALS):
         signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(stream=sys.stderr, format="%(levelname)s %(message)s", level=logging.INFO)
     private_files()  # block files and directories are the mounting user's only

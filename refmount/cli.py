@@ -25,6 +25,7 @@ from .config import MountConfig, apply_options, options_help, split_options
 from .errors import ConfigError, MountError
 from .mountpoint import check_mountpoint, recover_stale_mount
 from .policy import TargetRefused, check_targets
+from .process import ignore_user_signals
 from .redact import RedactingFormatter, redact_url
 from .refs import IndexFile, ReferenceSetError, format_named, prepare_index
 from .refs.limits import Limits
@@ -129,6 +130,7 @@ def _run_tool(command: str, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    ignore_user_signals()
     try:
         if argv and argv[0] in SUBCOMMANDS:
             _stderr_warnings()

@@ -302,6 +302,7 @@ async def _main(cfg: MountConfig, mount: Mount, on_ready: Callable[[], None],
         mount.start(nursery, trim)
         nursery.start_soon(_fuse_main, cfg, nursery)
         nursery.start_soon(_stop_on_signal, nursery)
+        nursery.start_soon(_log_user_signals)
         # The mount answers once a stat from another thread comes back through our loop.
         st = await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
         set_kernel_readahead(st.st_dev, cfg.read_ahead_kb)
@@ -322,6 +323,13 @@ async def _stop_on_signal(nursery: trio.Nursery) -> None:
             sd_notify("STOPPING=1")
             pyfuse3.terminate()
             return
+
+
+async def _log_user_signals() -> None:
+    """SIGUSR1 and SIGUSR2 are logged and otherwise ignored: the mount keeps serving."""
+    with trio.open_signal_receiver(*process.USER_SIGNALS) as signals:
+        async for signum in signals:
+            log.info("received %s: nothing to do, still serving", signal.Signals(signum).name)
 
 
 def set_kernel_readahead(dev: int, kb: int) -> None:
@@ -350,6 +358,7 @@ def describe_options(cfg: MountConfig) -> str:
 
 def _detached_main() -> int:
     """Entry of the detached daemon: config on stdin, readiness on --ready-fd."""
+    process.ignore_user_signals()
     ready_fd = int(sys.argv[sys.argv.index("--ready-fd") + 1])
     text = sys.stdin.read()
     if not text:

@@ -13,6 +13,7 @@ import asyncio.selector_events
 import ctypes
 import functools
 import os
+import signal
 import stat
 import sys
 from collections.abc import Callable
@@ -53,6 +54,19 @@ def larger_socket_reads(size: int = RECV_SIZE) -> None:
     transport = getattr(asyncio.selector_events, "_SelectorSocketTransport", None)
     if transport is not None and getattr(transport, "max_size", 0) < size:
         transport.max_size = size
+
+
+# SIGUSR1 and SIGUSR2 end a process by default; ``systemctl kill -s USR1`` sends them to every
+# process of a unit. Every refmount process ignores them from its start; the serving process
+# then logs each one it receives (daemon.py).
+USER_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def ignore_user_signals() -> None:
+    """SIGUSR1 and SIGUSR2 do nothing to this process (ignored dispositions also pass to
+    the programs it starts)."""
+    for sig in USER_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def private_files() -> None:
