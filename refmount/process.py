@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import asyncio.selector_events
+import contextlib
 import ctypes
 import functools
 import os
 import signal
 import stat
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 # asyncio receives at most 256 KiB per socket read, and for every read aiohttp's parser and
 # stream run a round of Python; reading up to 1 MiB at a time made cold sequential reads
@@ -67,6 +69,22 @@ def ignore_user_signals() -> None:
     the programs it starts)."""
     for sig in USER_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def user_signals_ignored() -> Iterator[None]:
+    """SIGUSR1 and SIGUSR2 ignored while the block runs (on the main thread; elsewhere a
+    no-op), then their handlers restored: a program started in the block inherits the
+    ignored dispositions, so it is not killed by one before it has set its own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = [(sig, signal.signal(sig, signal.SIG_IGN)) for sig in USER_SIGNALS]
+    try:
+        yield
+    finally:
+        for sig, handler in saved:
+            signal.signal(sig, handler)
 
 
 def private_files() -> None:

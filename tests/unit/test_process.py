@@ -59,3 +59,27 @@ def test_private_dir_and_file_close_ours_and_leave_shared_ones(tmp_path) -> None
         os.close(fd)
     assert (mode(old), mode(tmp_path / "new" / "sub"), mode(shared), mode(log)) == (
         0o700, 0o700, 0o1777, 0o600)
+
+
+def test_programs_started_with_user_signals_ignored_inherit_it():
+    """A child started in ``user_signals_ignored`` is not killed by SIGUSR1 before it could
+    set a handler; the parent's own handler is back afterwards."""
+    import signal
+    import subprocess
+    import sys
+
+    from refmount.process import user_signals_ignored
+
+    def mine(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGUSR1, mine)
+    try:
+        code = "import signal; print(int(signal.getsignal(signal.SIGUSR1)), int(signal.getsignal(signal.SIGUSR2)))"
+        with user_signals_ignored():
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               timeout=30)
+        assert r.stdout.split() == [str(int(signal.SIG_IGN))] * 2, r.stderr
+        assert signal.getsignal(signal.SIGUSR1) is mine
+    finally:
+        signal.signal(signal.SIGUSR1, before)
