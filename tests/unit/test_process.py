@@ -75,7 +75,8 @@ def test_programs_started_with_user_signals_ignored_inherit_it():
 
     before = signal.signal(signal.SIGUSR1, mine)
     try:
-        code = "import signal; print(int(signal.getsignal(signal.SIGUSR1)), int(signal.getsignal(signal.SIGUSR2)))"
+        code = ("import signal as s; "
+                "print(int(s.getsignal(s.SIGUSR1)), int(s.getsignal(s.SIGUSR2)))")
         with user_signals_ignored():
             r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                timeout=30)
