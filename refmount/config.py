@@ -413,6 +413,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_key_length", Size(lo=1), 64 * 2**10, "longest key, in bytes"),
     Option("max_nesting", Int(2, 512), 256,
            "deepest nesting of JSON arrays and objects in SOURCE"),
+    Option("max_source", Size(lo=0), 2 * 2**30,
+           "most bytes of SOURCE read, after any decompression (0: no limit)"),
 )
 
 OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -138,7 +138,7 @@ def build_index(source: str, target_options: dict, bad_keys: str = "error",
                 limits: Limits = DEFAULT_LIMITS) -> IndexBuilder:
     """Parse SOURCE into an IndexBuilder (not yet sorted or validated)."""
     def opener():
-        return open_source(source, target_options, limits.max_ratio)
+        return open_source(source, target_options, limits.max_ratio, limits.max_source)
 
     def watched():
         return SurrogateWatch(opener())

@@ -3,10 +3,11 @@
 Three guards, each cheap next to the parsing it protects:
 
 * :class:`Limits` — the configured bounds (mount options ``max_inline``, ``max_ratio``,
-  ``max_key_depth``, ``max_key_length``, ``max_nesting``).
-* :class:`ExpansionGuard` — wraps a decompressing stream and refuses SOURCE as soon as it has
-  expanded more than ``max_ratio`` times the compressed bytes read so far (a gzip, bz2, xz or
-  zstd bomb is stopped while it streams).
+  ``max_key_depth``, ``max_key_length``, ``max_nesting``, ``max_source``).
+* :class:`ExpansionGuard` — wraps SOURCE's stream and refuses it as soon as it has expanded
+  more than ``max_ratio`` times the bytes taken from the storage so far (a gzip, bz2, xz or
+  zstd bomb, by name or as an HTTP ``Content-Encoding``, is stopped while it streams), or
+  has yielded more than ``max_source`` bytes in all.
 * :class:`JsonReader` — hands a JSON stream to ijson in chunks chosen here, and scans each
   chunk (numpy, no Python loop per byte) for the nesting depth and the length of the token
   being read.
@@ -43,11 +44,12 @@ class Limits:
     max_key_depth: int = MAX_KEY_DEPTH  # "/"-separated components of a key
     max_key_length: int = 64 << 10  # bytes of a key
     max_nesting: int = 256  # nesting of JSON arrays and objects in SOURCE
+    max_source: int = 2 << 30  # bytes of SOURCE read, after any decompression (0: no limit)
 
     @classmethod
     def from_config(cls, cfg: Any) -> Limits:
         return cls(cfg.max_inline, cfg.max_ratio, cfg.max_key_depth, cfg.max_key_length,
-                   cfg.max_nesting)
+                   cfg.max_nesting, cfg.max_source)
 
     @property
     def max_token(self) -> int:
@@ -90,18 +92,22 @@ class CountingReader:
 
 
 class ExpansionGuard:
-    """A decompressed SOURCE that may expand at most ``max_ratio`` times the compressed
-    bytes read so far (beyond EXPANSION_FLOOR); reads are bounded pieces, so a bomb is
-    refused after a few milliseconds of decompression, not after the whole of it."""
+    """A SOURCE stream that may expand at most ``max_ratio`` times the bytes taken from the
+    storage so far (beyond EXPANSION_FLOOR: ``counter`` counts them under every decoder, the
+    name's compression and an HTTP ``Content-Encoding`` alike) and yield at most ``max_bytes``
+    in all (0: no limit). Reads are bounded pieces, so a bomb is refused after a few
+    milliseconds of decompression, not after the whole of it. A plain stream is guarded with
+    ``max_ratio=0``: only its total counts."""
 
     PIECE = 1 << 20
 
     def __init__(self, stream: IO[bytes], counter: CountingReader, name: str, max_ratio: int,
-                 close: Callable[[], None]) -> None:
+                 close: Callable[[], None], max_bytes: int = 0) -> None:
         self._stream = stream
         self._counter = counter
         self._name = name
         self._max_ratio = max_ratio
+        self._max_bytes = max_bytes
         self._close = close
         self.out = 0
 
@@ -120,6 +126,11 @@ class ExpansionGuard:
 
     def _count(self, size: int) -> None:
         self.out += size
+        if self._max_bytes and self.out > self._max_bytes:
+            raise ReferenceSetError(
+                f"{self._name}: more than {self._max_bytes:,} bytes to parse (limit "
+                f"max_source={size_text(self._max_bytes)}; a set this large is better served "
+                "as Parquet references)")
         if self._max_ratio and self.out > EXPANSION_FLOOR and (
             self.out > self._max_ratio * max(self._counter.count, 1)
         ):
