@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None, credentials_warning: str | None = None) 
     try:
         if argv and argv[0] in SUBCOMMANDS:
             _stderr_warnings()
+            if credentials_warning:
+                print(credentials_warning, file=sys.stderr)
             return _run_tool(argv[0], argv[1:])
         args = _parser().parse_args(argv)
         return _run(args, credentials_warning)

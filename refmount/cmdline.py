@@ -40,8 +40,15 @@ def _split(arg: str) -> tuple[str, str]:
     return ("-o", arg[2:]) if arg.startswith("-o") and len(arg) > 2 else ("", arg)
 
 
-def inline_json(arg: str) -> list[str]:
-    """The inline values of ``remote_options``/``target_options`` in ``arg`` (a ``-o`` group)."""
+TOOL_OPTION = "--target-options"  # refmount expand/inspect: JSON or @FILE
+
+
+def inline_json(arg: str, previous: str = "") -> list[str]:
+    """The inline JSON values in ``arg``: of ``remote_options``/``target_options`` in a ``-o``
+    group, or the value of ``--target-options`` (``previous`` is the argument before)."""
+    if previous == TOOL_OPTION or arg.startswith(TOOL_OPTION + "="):
+        value = arg.removeprefix(TOOL_OPTION + "=")
+        return [] if value.startswith("@") else [value]
     body = _split(arg)[1]
     if not any(f"{name}=" in body for name in INLINE_JSON_OPTIONS):
         return []
@@ -53,10 +60,13 @@ def inline_json(arg: str) -> list[str]:
     return values
 
 
-def masked_argument(arg: str) -> str:
+def masked_argument(arg: str, previous: str = "") -> str:
     """``arg`` as it may be shown: inline JSON of ``remote_options``/``target_options`` (in a
-    ``-o`` group, ``-oGROUP`` too) replaced by ``***``, and every URL password, credential-like
-    query value or ``name=value`` pair redacted (``redact_url``)."""
+    ``-o`` group, ``-oGROUP`` too) and of ``--target-options`` replaced by ``***``, and every
+    URL password, credential-like query value or ``name=value`` pair redacted
+    (``redact_url``)."""
+    if inline_json(arg, previous) and (previous == TOOL_OPTION or arg.startswith(TOOL_OPTION)):
+        return MASK if previous == TOOL_OPTION else f"{TOOL_OPTION}={MASK}"
     prefix, body = _split(arg)
     if inline_json(arg):
         parts = []
@@ -67,6 +77,10 @@ def masked_argument(arg: str) -> str:
             parts.append(part)
         body = ",".join(parts)
     return prefix + redact_url(body)
+
+
+def masked_arguments(args: list[str]) -> list[str]:
+    return [masked_argument(a, p) for p, a in zip(["", *args[:-1]], args, strict=True)]
 
 
 def _may_hold_credentials(value: str) -> bool:
@@ -90,9 +104,9 @@ def _may_hold_credentials(value: str) -> bool:
 def secrets_in(args: list[str]) -> list[str]:
     """The kinds of credential ``args`` may hold, for the warning (empty: none)."""
     what = []
-    for arg in args:
-        if any(_may_hold_credentials(v) for v in inline_json(arg)):
-            what.append("inline remote_options/target_options")
+    for previous, arg in zip(["", *args[:-1]], args, strict=True):
+        if any(_may_hold_credentials(v) for v in inline_json(arg, previous)):
+            what.append("inline remote_options/target_options JSON")
         if redact_url(arg) != arg:
             what.append("a password, token or signature")
     return list(dict.fromkeys(what))
@@ -135,7 +149,7 @@ def hide_credentials() -> str | None:
     original = [os.fsdecode(a) for a in raw.split(b"\0")]
     if original and original[-1] == "":
         original.pop()
-    shown = [masked_argument(arg) for arg in original]
+    shown = masked_arguments(original)
     if shown == original:
         return None
     # Each argument cut to the length of the one it replaces (a prefix of masked text holds

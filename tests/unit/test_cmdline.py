@@ -17,6 +17,7 @@ from refmount.cmdline import (
     ENV_SOURCE,
     configuration_environment,
     masked_argument,
+    masked_arguments,
     secrets_in,
     take_configuration,
 )
@@ -42,11 +43,20 @@ def test_masked_arguments(arg, shown):
     assert SECRET not in masked_argument(arg)
 
 
+def test_the_tools_target_options_are_masked():
+    args = ["refmount", "inspect", "s3://b/r.json", "--target-options", f'{{"key": "{SECRET}"}}',
+            f'--target-options={{"secret": "{SECRET}"}}', "--target-options", "@/etc/x.json"]
+    assert masked_arguments(args) == ["refmount", "inspect", "s3://b/r.json", "--target-options",
+                                      "***", "--target-options=***", "--target-options",
+                                      "@/etc/x.json"]
+    assert "inline remote_options/target_options JSON" in secrets_in(args)
+
+
 def test_only_credentials_warn():
     assert secrets_in(["refmount", "/srv/r.json", "/mnt", "-o", 'remote_options={"anon": true}']) == []
-    assert secrets_in(["-o", 'remote_options={"key": "x"}']) == ["inline remote_options/target_options"]
+    assert secrets_in(["-o", 'remote_options={"key": "x"}']) == ["inline remote_options/target_options JSON"]
     assert secrets_in([f"http://u:{SECRET}@h/r.json"]) == ["a password, token or signature"]
-    assert secrets_in(["-o", "remote_options={not json"]) == ["inline remote_options/target_options"]
+    assert secrets_in(["-o", "remote_options={not json"]) == ["inline remote_options/target_options JSON"]
 
 
 def test_the_process_command_line_is_rewritten_argument_by_argument(tmp_path):
