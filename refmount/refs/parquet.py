@@ -124,7 +124,7 @@ def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str,
     root = parquet_root(source, target_options) or source.rstrip("/")
     name = root + "/.zmetadata"
     nonfinite_seen: list[str] = []
-    with open_source(name, target_options, limits.max_ratio) as f:
+    with open_source(name, target_options, limits.max_ratio, limits.max_source) as f:
         raw = f.read()
     nonfinite = 0
     try:
