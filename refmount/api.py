@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -15,6 +16,8 @@ from typing import Any
 from .errors import MountError
 
 __all__ = ["MountError", "is_mounted", "mounted", "unmount"]
+
+log = logging.getLogger("refmount")
 
 
 def _option(name: str, value: Any) -> str | None:
@@ -35,15 +38,22 @@ def is_mounted(path: str) -> bool:
         return any(line.split()[4] == real for line in f)
 
 
-def unmount(path: str, timeout: float = 30.0) -> None:
-    """Unmount (lazily if busy past ``timeout``) and wait until the mount is gone."""
+def unmount(path: str, timeout: float = 5.0) -> None:
+    """Unmount and wait until the mount is gone. While a file in it is still open the mount
+    is busy: one warning says so, and after ``timeout`` seconds it is detached lazily (it goes
+    once the last file is closed)."""
     if not is_mounted(path):
         return
     deadline = time.monotonic() + timeout
+    warned = False
     while is_mounted(path):
         result = subprocess.run(["fusermount3", "-u", path], capture_output=True, text=True)
         if result.returncode == 0:
             break
+        if not warned:
+            log.warning("%s is busy (a file or directory in it is still open): waiting up to "
+                        "%g s, then detaching it lazily", path, timeout)
+            warned = True
         if time.monotonic() > deadline:
             subprocess.run(["fusermount3", "-uz", path], capture_output=True)
             break
@@ -64,6 +74,15 @@ def mounted(source: str | os.PathLike[str], mountpoint: str | os.PathLike[str] |
         tmp = tempfile.mkdtemp(prefix="refmount-")
         mountpoint = tmp
     path = os.path.abspath(os.fspath(mountpoint))
+    if tmp and "log" not in options and not os.path.exists("/dev/log"):
+        # Without syslog a detached daemon logs to a file named after its mountpoint: one
+        # file for all temporary mountpoints, not one per mount.
+        from .config import default_cache_dir
+        from .process import private_dir
+
+        log_dir = os.path.join(os.fspath(options.get("cache_dir") or default_cache_dir()), "log")
+        private_dir(log_dir)
+        options = {**options, "log": os.path.join(log_dir, "mounted.log")}
     opts = [o for o in (_option(k, v) for k, v in options.items()) if o]
     from .cmdline import configuration_environment  # not on `import refmount`: it needs config
 

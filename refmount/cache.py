@@ -9,6 +9,7 @@ import hashlib
 import logging
 import mmap
 import os
+import secrets
 import struct
 import threading
 import time
@@ -144,6 +145,7 @@ class DiskCache:
         self._evicting = False
         self._writes_off_until = 0.0
         self._dirs_ready = False
+        self._uid = os.geteuid()  # block files are this user's, or not read
         self._direct = direct_io and hasattr(os, "O_DIRECT")  # see ``direct``
         self._buffer = _AlignedBuffer()
         # Which blocks may be on disk: a bitmap over the first bits of the key digest, so
@@ -230,6 +232,9 @@ class DiskCache:
                 if e.errno != errno.EINVAL:
                     raise
                 self._direct = False  # not supported here: buffered from now on
+                if flags & os.O_CREAT:  # some file systems create the file, then refuse
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
         return os.open(path, flags, mode), False
 
     def get(self, url: str, start: int, length: int, *, upto: bool = False) -> Block | None:
@@ -239,7 +244,9 @@ class DiskCache:
         path = self.block_path(digest)
         size = self.HEADER_SIZE + length
         try:
-            fd, direct = self._open(path, os.O_RDONLY)
+            # Never through a symlink (the directories are the mounting user's, checked at
+            # mount; this holds even if one was not).
+            fd, direct = self._open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -247,6 +254,8 @@ class DiskCache:
             return None
         try:
             st = os.fstat(fd)
+            if st.st_uid != self._uid:
+                raise OSError(errno.EPERM, f"owned by uid {st.st_uid}, not by this mount's user")
             if upto and self.HEADER_SIZE < st.st_size < size:
                 size = st.st_size
                 length = size - self.HEADER_SIZE
@@ -263,7 +272,7 @@ class DiskCache:
                     # number may belong to another thread's file.
                     os.close(fd)
                     fd = -1
-                    fd = os.open(path, os.O_RDONLY)
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 raw = os.pread(fd, size, 0)
         except OSError as e:
             log.warning("disk cache: cannot read %s: %s", path, e.strerror)
@@ -282,7 +291,7 @@ class DiskCache:
             ):
                 if time.time() - st.st_mtime > self.TOUCH_AFTER:
                     with contextlib.suppress(OSError):
-                        os.utime(path)  # recency for LRU eviction, shared across mounts
+                        os.utime(path, follow_symlinks=False)  # LRU recency, shared by mounts
                 if isinstance(body, memoryview) and len(body) < self.COPY_BELOW:
                     # A view keeps the whole aligned buffer (header and padding: 12 KiB for
                     # a 1 KiB chunk) alive, and the memory cache counts only the chunk.
@@ -305,9 +314,10 @@ class DiskCache:
         path = self.block_path(digest)
         header = self.HEADER.pack(self.MAGIC, len(data), xxhash.xxh3_128_digest(data), digest)
         size = self.HEADER_SIZE + len(data)
-        # Unique per process and thread; the same block is never written twice at once
-        # within a mount (single-flight), and rename makes the last writer win atomically.
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        # Created exclusively (O_EXCL|O_NOFOLLOW) under a name nobody can guess, in a
+        # directory that is ours alone: nothing planted there is ever written through. The
+        # rename makes the last writer of a block win atomically.
+        tmp = f"{path}.{secrets.token_hex(8)}.tmp"
         try:
             if not self._dirs_ready:
                 # Private to the mounting user: blocks are what it (perhaps root) could read.
@@ -315,7 +325,7 @@ class DiskCache:
                 for i in range(256):
                     private_dir(os.path.join(self.root, f"{i:02x}"))
                 self._dirs_ready = True
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             if size <= self.DIRECT_LIMIT:
                 fd, direct = self._open(tmp, flags)
             else:

@@ -22,8 +22,9 @@ import time
 from collections.abc import MutableMapping
 
 from . import __version__
+from .cachedir import check_cache_dir
 from .cmdline import ENV_OPTIONS, ENV_SOURCE, hide_credentials, take_configuration
-from .config import MountConfig, apply_options, options_help, split_options
+from .config import MountConfig, apply_options, did_you_mean, options_help, split_options
 from .errors import ConfigError, MountError
 from .mountpoint import check_mountpoint, recover_stale_mount
 from .policy import TargetRefused, check_targets
@@ -162,6 +163,8 @@ def main(argv: list[str] | None = None, credentials_warning: str | None = None) 
             if credentials_warning:
                 print(credentials_warning, file=sys.stderr)
             return _run_tool(argv[0], argv[1:])
+        if argv and (hint := _mistyped_command(argv[0])):
+            return _fail(hint)
         args = _parser().parse_args(argv)
         return _run(args, credentials_warning)
     except (ReferenceSetError, ConfigError, RuntimeError) as e:
@@ -173,6 +176,15 @@ def main(argv: list[str] | None = None, credentials_warning: str | None = None) 
     except Exception as e:  # never a traceback for bad input: one line, non-zero exit
         log.debug("unexpected error", exc_info=True)
         return _fail(f"unexpected {type(e).__name__}: {e}")
+
+
+def _mistyped_command(word: str) -> str | None:
+    """``refmount stat /mnt`` would mount a SOURCE named 'stat': a first word that is no
+    file and no URL but close to a command is reported as a mistyped command."""
+    if word.startswith("-") or "://" in word or "::" in word or os.path.lexists(word):
+        return None
+    hint = did_you_mean(word, SUBCOMMANDS)
+    return f"unknown command {word!r}{hint}" if hint else None
 
 
 def _run(args: argparse.Namespace, credentials_warning: str | None = None) -> int:
@@ -189,12 +201,13 @@ def _run(args: argparse.Namespace, credentials_warning: str | None = None) -> in
     try:
         if cfg.recover:
             recover_stale_mount(cfg.mountpoint)
-        check_mountpoint(cfg.mountpoint)
+        check_mountpoint(cfg.mountpoint, cfg.nonempty)
+        if cfg.disk_cache:
+            check_cache_dir(cfg.cache_dir)  # before anything is written there
         launcher = DaemonLauncher(cfg.mountpoint)
         index_file = index_source(cfg)
         check_index_targets(cfg, index_file)
-        if cfg.decode:
-            _warn_not_decoded(cfg, index_file)
+        advise_on_decoding(cfg, index_file)
     except BaseException as e:
         if launcher is not None:
             launcher.abort()
@@ -219,7 +232,9 @@ def _run_foreground(cfg: MountConfig, credentials_warning: str | None = None) ->
     try:
         if cfg.recover:
             recover_stale_mount(cfg.mountpoint)
-        check_mountpoint(cfg.mountpoint)
+        check_mountpoint(cfg.mountpoint, cfg.nonempty)
+        if cfg.disk_cache:
+            check_cache_dir(cfg.cache_dir)  # before anything is written there
     except MountError as e:
         return _fail(str(e))
     indexer = Indexer(cfg)
@@ -232,14 +247,14 @@ def _run_foreground(cfg: MountConfig, credentials_warning: str | None = None) ->
         index_file = indexer.result()
     except IndexerError as e:
         return _fail(str(e))
-    setup_logging(cfg, detached=False)
+    log_target = setup_logging(cfg, detached=False)
 
     def ready() -> None:
         if credentials_warning:
             print(credentials_warning, file=sys.stderr, flush=True)
 
     try:
-        return serve(cfg, index_file, on_ready=ready)
+        return serve(cfg, index_file, on_ready=ready, log_target=log_target)
     except MountError as e:
         return _fail(str(e))
     finally:
@@ -258,14 +273,28 @@ def check_index_targets(cfg: MountConfig, index_file: IndexFile) -> None:
     check_targets(cfg, format_named(index_file.kind).targets(index_file))
 
 
-def _warn_not_decoded(cfg: MountConfig, index_file: IndexFile) -> None:
-    """With ``-o decode``, the arrays served as referenced are named here on stderr too: a
-    detached daemon's warnings go to its log."""
+def advise_on_decoding(cfg: MountConfig, index_file: IndexFile) -> None:
+    """On stderr before the daemon takes over (its warnings go to its log): with ``-o decode``,
+    the arrays served as referenced; without it, one note when some arrays are compressed or
+    big-endian, which clients without zarr's codecs (ncdump, CDO, NCO, GDAL) would read as
+    plausible wrong numbers."""
     from .decoded import DecodedView
 
     metadata = format_named(index_file.kind).metadata(index_file, cfg.source, cfg.target_options,
                                                       bad_keys=cfg.bad_keys)
-    DecodedView.from_index(metadata).warn()
+    view = DecodedView.from_index(metadata)
+    if cfg.decode:
+        view.warn()
+        return
+    if not view.arrays:
+        return
+    names = sorted(path or "/" for path in view.arrays)
+    codecs = sorted({c for path in view.arrays for c in view.codecs.get(path, [])})
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    how = f"use codecs ({', '.join(codecs)})" if codecs else "are stored big-endian"
+    print(f"refmount: note: arrays {shown} {how}: clients without zarr's codecs (ncdump, CDO, "
+          "NCO, GDAL) would read their chunks as raw bytes; mount with -o decode for them",
+          file=sys.stderr)
 
 
 def _remove_temporary(index_file: IndexFile) -> None:

@@ -12,10 +12,12 @@ secrets in ``remote_options`` stay out of ``ps``).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
 import textwrap
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -370,9 +372,10 @@ OPTIONS: tuple[Option, ...] = (
            "do not store chunks read ahead in the kernel's page cache when they are opened "
            "(each then costs a READ round trip)", field="page_push"),
     Option("decode", Flag(), False,
-           "serve every zarr chunk decoded (compressor and filters applied, little-endian) and "
-           "each .zarray without codecs, so that readers without the codecs (ncdump, GDAL) read "
-           "all arrays"),
+           "serve every zarr chunk decoded (compressor and filters applied, little-endian), "
+           "each .zarray without codecs and each .zattrs with the typed _FillValue netCDF-C "
+           "needs, so that readers without the codecs (ncdump, CDO, NCO, GDAL) read all arrays "
+           "as the original files describe them"),
     # fetching
     Option("timeout", Seconds(), 30.0,
            "time limit for one read's fetch, retries included; a read that waited for a "
@@ -402,6 +405,8 @@ OPTIONS: tuple[Option, ...] = (
            "a remote SOURCE"),
     Option("recover", Flag(), False,
            "if MOUNTPOINT is a stale mount left by a killed daemon, clear it first"),
+    Option("nonempty", Flag(), False,
+           "mount over a MOUNTPOINT that holds files, hiding them until unmounted"),
     # bounds on reading a reference set (refs/limits.py)
     Option("max_inline", Size(lo=1), 64 * 2**20,
            "largest inline value after decoding (also a Parquet 'raw' cell)"),
@@ -465,6 +470,12 @@ IGNORED_OPTIONS = frozenset(
 )
 
 
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """``": did you mean 'x'?"`` for the closest known word, or nothing."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f": did you mean {close[0]!r}?" if close else ""
+
+
 def apply_options(cfg: Any, options: list[str]) -> None:
     """Apply ``-o`` options (already split) to ``cfg``; raises ConfigError on bad ones."""
     for opt in options:
@@ -474,7 +485,8 @@ def apply_options(cfg: Any, options: list[str]) -> None:
             continue
         option = OPTIONS_BY_NAME.get(name)
         if option is None:
-            raise ConfigError(f"unknown option {name!r} (see refmount --help)")
+            raise ConfigError(f"unknown option {name!r}{did_you_mean(name, OPTIONS_BY_NAME)} "
+                              "(see refmount --help)")
         if isinstance(option.kind, Flag):
             if sep:
                 raise ConfigError(f"option {name!r} takes no value")
@@ -486,6 +498,28 @@ def apply_options(cfg: Any, options: list[str]) -> None:
 
 
 # --- renderings of the table -------------------------------------------------------------------
+
+
+def describe_options(cfg: Any) -> str:
+    """The options that differ from their defaults, as ``-o`` would write them (for the log's
+    start line). JSON options show their keys only: the values may be credentials."""
+    shown = []
+    for o in OPTIONS:
+        value = getattr(cfg, o.attr)
+        default = o.default() if callable(o.default) else o.default
+        if value == default:
+            continue
+        if isinstance(o.kind, Flag):
+            if value == o.kind.sets:
+                shown.append(o.name)
+            continue
+        if isinstance(o.kind, Json):
+            text = "{" + ",".join(f'"{k}":***' for k in value) + "}"
+        else:
+            text = o.kind.show(value)
+        shown.append(f"{o.name}={text}")
+    return ",".join(shown) or "defaults"
+
 
 
 def options_help(width: int = 100) -> str:

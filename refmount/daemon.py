@@ -17,7 +17,6 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from typing import Any
 
 import pyfuse3
 import trio
@@ -25,11 +24,12 @@ import trio
 from . import guestloop, process
 from .cache import Block, DiskCache, MemoryLRU
 from .cachewriter import CacheWriter
-from .config import MountConfig
+from .config import MountConfig, describe_options
 from .decoded import ChunkDecoder, DecodedTree, DecodedView
 from .errors import MountError
 from .fetch import Fetcher
 from .fs import RefFS
+from .mountfailure import captured_stderr, explain
 from .mountpoint import check_mountpoint
 from .pagepush import PagePusher
 from .policy import target_policy
@@ -39,6 +39,7 @@ from .refs import IndexFile, Ref, format_named
 from .refs.limits import Limits
 from .stats import Stats
 from .tree import Tree
+from .urlenv import environment_identity
 
 log = logging.getLogger("refmount")
 
@@ -52,10 +53,15 @@ def setup_logging(cfg: MountConfig, detached: bool) -> str:
         root.removeHandler(h)
     target = cfg.log or ("syslog" if detached else "stderr")
     handler: logging.Handler
+    nofollow = 0
     if target == "syslog" and not os.path.exists("/dev/log"):
-        process.private_dir(os.path.join(cfg.cache_dir, "log"))
+        try:
+            process.private_dir(os.path.join(cfg.cache_dir, "log"))
+        except process.UnsafeDirectory as e:
+            raise MountError(str(e)) from None
         name = cfg.mountpoint.strip("/").replace("/", "_") or "root"
         target = os.path.join(cfg.cache_dir, "log", f"{name}.log")
+        nofollow = os.O_NOFOLLOW
     if target == "stderr":
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(RedactingFormatter(LOG_FORMAT))
@@ -64,7 +70,7 @@ def setup_logging(cfg: MountConfig, detached: bool) -> str:
         handler.setFormatter(RedactingFormatter(f"refmount[{os.getpid()}]: %(levelname)s %(message)s"))
     else:
         # The log file is the mounting user's only: it names targets and keys.
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | nofollow, 0o600)
         try:
             process.private_file(fd)
         finally:
@@ -211,8 +217,10 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> Mount:
     disk = writer = None
     if cfg.disk_cache:
         # A reference's URL is resolved like the fetcher does (SOURCE's directory,
-        # remote_protocol), and the storage options (endpoint, ...) are part of the key.
-        options = hashlib.sha256(json.dumps(cfg.remote_options, sort_keys=True, default=str).encode())
+        # remote_protocol), and the storage options (endpoint, ...) and the environment the
+        # backends read them from (AWS_ENDPOINT_URL, ...: urlenv.py) are part of the key.
+        options = hashlib.sha256(json.dumps([cfg.remote_options, environment_identity()],
+                                            sort_keys=True, default=str).encode())
         tag, identity = options.hexdigest()[:16], fetcher.policy.cache_identity
         disk = DiskCache(cfg.cache_dir, cfg.cache_size, target_key=lambda url: f"{tag}\0{identity(url)}")
         writer = CacheWriter(disk, stats)
@@ -265,16 +273,24 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> Mount:
     return Mount(fs, fetcher, reader, disk, writer, decoder)
 
 
-def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None]) -> int:
-    """Mount and serve until unmounted or signalled. Raises MountError before mounting."""
+def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None],
+          log_target: str = "") -> int:
+    """Mount and serve until unmounted or signalled. Raises MountError before mounting.
+    ``log_target`` (what ``setup_logging`` returned) is shown by ``refmount stats``."""
     trim = process.tune()
-    check_mountpoint(cfg.mountpoint)
+    check_mountpoint(cfg.mountpoint, cfg.nonempty)
     mount = build_filesystem(cfg, index_file)
-    try:
-        pyfuse3.init(mount.fs, cfg.mountpoint, fuse_options(cfg))
-    except RuntimeError as e:
-        mount.close()
-        raise MountError(f"cannot mount on {cfg.mountpoint}: {e}") from None
+    if log_target:
+        mount.info["log"] = "syslog (journalctl -t refmount)" if log_target == "syslog" else log_target
+    with captured_stderr() as printed:  # libfuse's and fusermount3's reasons
+        try:
+            pyfuse3.init(mount.fs, cfg.mountpoint, fuse_options(cfg))
+        except RuntimeError as e:
+            mount.close()
+            raise MountError(explain(cfg.mountpoint, str(e), printed())) from None
+        said = printed().strip()
+    if said:
+        log.warning("while mounting: %s", said)
     log.info(
         "mounted %s on %s: %s keys (options: %s)",
         redact_url(cfg.source), cfg.mountpoint, mount.info["keys"], describe_options(cfg),
@@ -316,13 +332,22 @@ async def _fuse_main(cfg: MountConfig, nursery: trio.Nursery) -> None:
     nursery.cancel_scope.cancel()  # unmounted from outside (fusermount3 -u)
 
 
+# After a stop signal, requests in flight get this long to finish; then they are cancelled
+# (fetches included) and their readers get an error once the mount is gone. Far inside
+# systemd's stop timeout, whatever the fetch timeout is.
+STOP_GRACE = 1.5
+
+
 async def _stop_on_signal(nursery: trio.Nursery) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("received %s, unmounting", signal.Signals(signum).name)
             sd_notify("STOPPING=1")
             pyfuse3.terminate()
-            return
+            break
+    await trio.sleep(STOP_GRACE)  # cancelled with the nursery when main() ends by itself
+    log.warning("requests still in flight %.1f s after the stop signal: cancelled", STOP_GRACE)
+    nursery.cancel_scope.cancel()
 
 
 async def _log_user_signals() -> None:
@@ -343,17 +368,6 @@ def set_kernel_readahead(dev: int, kb: int) -> None:
             f.write(str(kb))
     except OSError as e:
         log.debug("cannot set %s: %s", path, e.strerror)
-
-
-def describe_options(cfg: MountConfig) -> str:
-    shown: dict[str, Any] = {}
-    for k, v in vars(cfg).items():
-        if k in ("source", "mountpoint"):
-            continue
-        if k in ("remote_options", "target_options") and v:
-            v = {key: "***" for key in v}  # keys only: values may be credentials
-        shown[k] = v
-    return json.dumps(shown, sort_keys=True)
 
 
 def _detached_main() -> int:
@@ -380,9 +394,9 @@ def _detached_main() -> int:
             pass
 
     try:
-        setup_logging(cfg, detached=True)
+        log_target = setup_logging(cfg, detached=True)
         os.dup2(devnull, 2)  # from here on everything goes to the log
-        return serve(cfg, index_file, lambda: report("READY"))
+        return serve(cfg, index_file, lambda: report("READY"), log_target)
     except MountError as e:
         report(f"ERROR {e}")
         return 1

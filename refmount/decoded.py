@@ -8,7 +8,8 @@ Its served size is ``prod(chunks) * itemsize``, known from ``.zarray`` without f
 chunk that decodes to any other length is an error (EIO), never short or padded bytes.
 
 ``.zarray`` is served with ``"compressor": null``, ``"filters": null`` and a little-endian
-``dtype``; the same inside ``.zmetadata``. Everything else is untouched.
+``dtype``; ``.zattrs`` with the attributes a netCDF client needs (``ncattrs``: ``_FillValue``
+from ``fill_value``); the same inside ``.zmetadata``. Everything else is untouched.
 
 Arrays that cannot be decoded (object and variable-length dtypes, a codec that is not
 installed, metadata that is not inline) are served as referenced; ``DecodedView.skipped``
@@ -45,6 +46,7 @@ import trio
 from .cache import Block, MemoryLRU
 from .errors import ReadError
 from .lru import LRU
+from .ncattrs import dumps_zattrs, netcdf_zattrs
 from .refs import Ref, RefKind
 from .singleflight import SingleFlight
 from .workers import WorkerPool
@@ -247,14 +249,24 @@ def _dumps(obj: Any) -> bytes:
 # ---- the view of one reference set ---------------------------------------------------------
 
 
+def _netcdf_attrs(zarray: Any, data: bytes) -> dict[str, Any] | None:
+    """A ``.zattrs`` key's attributes as served (``ncattrs``), None if served as referenced."""
+    if not isinstance(zarray, dict):
+        return None
+    try:
+        return netcdf_zattrs(zarray, json.loads(data))
+    except ValueError:
+        return None
+
+
 def _split(key: str) -> tuple[str, str]:
     head, _, tail = key.rpartition("/")
     return head, tail
 
 
 class DecodedView:
-    """Built from a set's ``.zarray`` and ``.zmetadata`` keys (``metadata``: key -> bytes,
-    or None for a key that is not inline)."""
+    """Built from a set's ``.zarray``, ``.zattrs`` and ``.zmetadata`` keys (``metadata``: key
+    -> bytes, or None for a key that is not inline)."""
 
     def __init__(self, metadata: Mapping[str, bytes | None]) -> None:
         self.arrays: dict[str, DecodedArray] = {}
@@ -287,6 +299,11 @@ class DecodedView:
             else:
                 self.plain.add(path)
         for key, data in metadata.items():
+            if (key == ".zattrs" or key.endswith("/.zattrs")) and data is not None:
+                attrs = _netcdf_attrs(parsed.get(key[: -len(".zattrs")] + ".zarray"), data)
+                if attrs is not None:
+                    self._meta[key] = dumps_zattrs(attrs)
+        for key, data in metadata.items():
             if key == ".zmetadata" or key.endswith("/.zmetadata"):
                 rewritten = self._zmetadata(key, data)
                 if rewritten is not None:
@@ -312,18 +329,24 @@ class DecodedView:
                 if path in self.arrays and isinstance(meta, dict):
                     new[name] = rewrite_zarray(meta)
                     changed = True
+            elif name == ".zattrs" or name.endswith("/.zattrs"):
+                attrs = netcdf_zattrs(inner.get(name[: -len(".zattrs")] + ".zarray"), meta)
+                if attrs is not None:
+                    new[name] = attrs
+                    changed = True
         if not changed:
             return None
         return _dumps({**obj, "metadata": new})
 
     @classmethod
     def from_index(cls, index: Any) -> DecodedView:
-        """From a ``KeyIndex``: its ``.zarray`` and ``.zmetadata`` keys, found with one
-        vectorised pass over the key column."""
+        """From a ``KeyIndex``: its ``.zarray``, ``.zattrs`` and ``.zmetadata`` keys, found with
+        one vectorised pass over the key column."""
         import pyarrow.compute as pc
 
         keys = index.table["key"]
-        hits = pc.or_(pc.ends_with(keys, pattern=".zarray"), pc.ends_with(keys, pattern=".zmetadata"))
+        hits = pc.or_(pc.or_(pc.ends_with(keys, pattern=".zarray"), pc.ends_with(keys, pattern=".zattrs")),
+                      pc.ends_with(keys, pattern=".zmetadata"))
         metadata: dict[str, bytes | None] = {}
         for i in np.flatnonzero(hits.to_numpy(zero_copy_only=False)).tolist():
             key = index.key(i).decode("utf-8", "surrogateescape")
@@ -348,7 +371,8 @@ class DecodedView:
         return self.arrays.get("") if "" in self.arrays and self.arrays[""].is_chunk_name(key) else None
 
     def metadata(self, key: str) -> bytes | None:
-        """The rewritten bytes of a metadata key (``.zarray``, ``.zmetadata``), if rewritten."""
+        """The rewritten bytes of a metadata key (``.zarray``, ``.zattrs``, ``.zmetadata``), if
+        rewritten."""
         return self._meta.get(key)
 
     def size(self, key: str, stored: int) -> int:

@@ -34,6 +34,7 @@ from fsspec.spec import AbstractFileSystem
 from . import localfile
 from .errors import FetchError
 from .inflight import LinkEstimates
+from .lru import LRU
 from .policy import TargetPolicy
 from .redact import redact_url
 from .singleflight import Flight
@@ -70,6 +71,16 @@ def _past_end(url: str, start: int, end: int, size: int | None, data: bytes) -> 
     if size is None or end <= size or len(data) != max(size - start, 0):
         return None
     return PastEnd(url, start, end, size, data)
+
+
+class RangesIgnored(FetchError):
+    """The server answered a Range request with the whole object and does not announce
+    ``Accept-Ranges: bytes``: it does not serve ranges (``python -m http.server`` does not).
+    Permanent: retrying asks the same server again."""
+
+    def __init__(self, url: str, start: int, end: int) -> None:
+        super().__init__(url, f"bytes {start}-{end - 1}: the server ignores Range requests "
+                              "(it answered 200 with the whole file)")
 
 
 def describe(exc: BaseException) -> str:
@@ -120,8 +131,9 @@ async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False
                                 f"{r.headers.get('Content-Range')!r}")
         elif r.status == 200:
             if start != 0 or r.content_length not in (None, end):
-                # Retried: a proxy or cache may answer so once; a server that never honours
-                # ranges uses up the retries in well under a second.
+                if r.headers.get("Accept-Ranges", "").strip().lower() != "bytes":
+                    raise RangesIgnored(url, start, end)  # a server without ranges: permanent
+                # Retried: a proxy or cache may answer so once.
                 raise ShortRead(f"server ignored the Range request (200 for bytes {start}-{end - 1})")
             if r.content_length is None:
                 # No length given (chunked): read no more than asked for, plus one byte to
@@ -228,6 +240,7 @@ class Fetcher:
         self._busy: dict[str, int] = {}  # requests in flight per target
         self._freed: dict[str, trio.Event] = {}  # set when one of them completes
         self.links = LinkEstimates()  # latency and bandwidth per host, for readahead
+        self._rangeless: LRU[str, bool] = LRU(1024)  # hosts named as ignoring Range
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Where merged requests run (the daemon's nursery); merging is off without one."""
@@ -442,7 +455,16 @@ class Fetcher:
             return bytes(data)
 
         began = trio.current_time()
-        data = await self._with_retries(url, f"bytes {start}-{end}", op)
+        try:
+            data = await self._with_retries(url, f"bytes {start}-{end}", op)
+        except RangesIgnored:
+            host = urlsplit(url).netloc.rpartition("@")[2]  # never the userinfo
+            if self._rangeless.get(host) is None:
+                self._rangeless.put(host, True)
+                log.warning("the server %s ignores Range requests (it answers 200 with the whole "
+                            "file): its targets cannot be read; serve them with a server that "
+                            "supports ranges (nginx, Apache, an object store)", host)
+            raise
         self.stats.requests += 1
         self.stats.bytes_fetched += len(data)
         self.links.of(url).observe(len(data), trio.current_time() - began)

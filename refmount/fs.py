@@ -45,12 +45,12 @@ def _guard(fn: F) -> F:
         except pyfuse3.FUSEError:
             raise
         except ReadError as e:
-            self.stats.errors += 1
+            self.stats.failed(f"({fn.__name__})", e)
             if not e.logged:
                 log.error("%s failed: %s", fn.__name__, e)
             raise pyfuse3.FUSEError(e.reply_errno) from None
-        except Exception:
-            self.stats.errors += 1
+        except Exception as e:
+            self.stats.failed(f"({fn.__name__})", e)
             log.exception("%s%r raised", fn.__name__, args[:2])
             raise pyfuse3.FUSEError(errno.EIO) from None
 
@@ -288,10 +288,7 @@ class RefFS(pyfuse3.Operations):
             else:
                 data = await self.reader.read(h.ref, off, size, h.state)
         except ReadError as e:  # a decode error is logged with the key and codec by the decoder
-            self.stats.errors += 1
-            if not e.logged:
-                log.error("read failed: key=%s %s", self.tree.path(h.node).decode(errors="replace"), e)
-            raise pyfuse3.FUSEError(e.reply_errno) from None
+            raise self._failed(h.node, e) from None
         if h.array is None and h.ref.kind is RefKind.RANGE and h.node.ino not in self._clipped:
             self._clip(h.node, h.ref)
         self.stats.bytes_read += len(data)
@@ -325,10 +322,7 @@ class RefFS(pyfuse3.Operations):
         try:
             await self.reader.settle(ref)
         except ReadError as e:  # as for a whole target whose size cannot be found: not opened
-            self.stats.errors += 1
-            if not e.logged:
-                log.error("read failed: key=%s %s", self.tree.path(node).decode(errors="replace"), e)
-            raise pyfuse3.FUSEError(e.reply_errno) from None
+            raise self._failed(node, e) from None
         settling = self._settling.get(node.ino)
         if settling is not None:
             await settling.wait()
@@ -340,6 +334,15 @@ class RefFS(pyfuse3.Operations):
             finally:
                 done.set()
                 del self._settling[node.ino]
+
+    def _failed(self, node: Node, e: ReadError) -> pyfuse3.FUSEError:
+        """Count and log a failed read of ``node`` (unless already logged with more context);
+        the errno reply to raise."""
+        key = self.tree.path(node).decode(errors="replace")
+        self.stats.failed(key, e)
+        if not e.logged:
+            log.error("read failed: key=%s %s", key, e)
+        return pyfuse3.FUSEError(e.reply_errno)
 
     def _record_clip(self, node: Node, ref: Ref) -> bool:
         """From now on, a range found to run past the end of its target has the ``st_size``

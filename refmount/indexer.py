@@ -91,12 +91,13 @@ def _die_with_parent() -> None:
 
 
 def _index(payload: dict[str, Any]) -> IndexFile:
-    from .cli import check_index_targets, index_source
+    from .cli import advise_on_decoding, check_index_targets, index_source
 
     cfg = MountConfig(**payload)
     index_file = index_source(cfg)
     try:
         check_index_targets(cfg, index_file)
+        advise_on_decoding(cfg, index_file)
     except BaseException:
         if index_file.temporary:
             with contextlib.suppress(OSError):

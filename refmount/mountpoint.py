@@ -1,5 +1,6 @@
 """Checks of the mountpoint before mounting: exists, is a directory, not already mounted,
-not a stale mount left by a dead daemon (which ``recover`` clears)."""
+not a stale mount left by a dead daemon (which ``recover`` clears), empty unless ``nonempty``
+says its files may be hidden."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def _is_stale(path: str) -> bool:
     return False
 
 
-def check_mountpoint(path: str) -> None:
+def check_mountpoint(path: str, nonempty: bool = False) -> None:
     if _is_stale(path):
         raise MountError(
             f"mountpoint {path} is a stale FUSE mount (its daemon died); clear it with "
@@ -39,6 +40,19 @@ def check_mountpoint(path: str) -> None:
         raise MountError(f"mountpoint {path} is not a directory")
     if os.path.ismount(path) and st.st_dev != os.stat(os.path.dirname(path) or "/").st_dev:
         raise MountError(f"mountpoint {path} is already mounted (unmount it first)")
+    if not nonempty and _has_entries(path):
+        raise MountError(
+            f"mountpoint {path} is not empty: the mount would hide its files; use an empty "
+            f"directory, or -o nonempty to mount over them"
+        )
+
+
+def _has_entries(path: str) -> bool:
+    try:
+        with os.scandir(path) as it:
+            return next(it, None) is not None
+    except OSError:
+        return False  # not listable by us: mounting decides
 
 
 def recover_stale_mount(path: str) -> None:

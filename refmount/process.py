@@ -12,6 +12,7 @@ import asyncio
 import asyncio.selector_events
 import contextlib
 import ctypes
+import errno
 import functools
 import os
 import signal
@@ -93,27 +94,69 @@ def private_files() -> None:
     os.umask(0o077)
 
 
+class UnsafeDirectory(PermissionError):
+    """A directory refmount would keep files in (the cache directory and those under it)
+    that another user could change. ``str()`` is one line naming the directory, what is
+    wrong and what to do."""
+
+    def __init__(self, path: str, why: str, fix: str) -> None:
+        super().__init__(errno.EPERM, f"{why}: {fix}, or choose another cache_dir", path)
+        self.message = f"cache directory {path} {why}: {fix}, or choose another cache_dir"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def directory_problem(path: str, st: os.stat_result) -> UnsafeDirectory | None:
+    """Why ``path`` (``st``: its ``lstat``) may not hold refmount's files, or None: it must
+    be a directory (not a symlink) owned by this process's user that neither group nor
+    others may write to. Whoever can write to it can replace an index or a block (with a
+    valid checksum: the checksum guards against corruption, not against its owner) or
+    plant a symlink where a file will be written."""
+    me = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        return UnsafeDirectory(path, f"is {kind}", f"remove {path}")
+    if st.st_uid != me:
+        return UnsafeDirectory(path, f"is owned by uid {st.st_uid}, not by uid {me} who mounts",
+                               f"remove it or chown -R {me} {path}")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o022:
+        return UnsafeDirectory(path, f"is writable by {'others' if mode & 0o002 else 'its group'} "
+                               f"(mode {mode:04o})", f"remove it or chmod -R go-w {path}")
+    return None
+
+
 def private_dir(path: str) -> None:
-    """Create ``path`` (and its parents) for the mounting user only: mode 0700, whatever the
-    umask. An existing directory of ours that others may enter (made by an older version,
-    or under another umask) is made private too; one owned by someone else, or shared on
-    purpose (the sticky bit, as on ``/tmp``), is left alone."""
+    """Create ``path`` (and missing parents) for the mounting user only, mode 0700 whatever
+    the umask, and check it: one that another user owns or may write to (made before the
+    first mount by someone else, or a symlink) raises ``UnsafeDirectory`` — an ``OSError``,
+    so that best-effort writers (the cache writer, the persisted index) turn it into their
+    warning. An existing directory of ours that others may only enter or read is made
+    private."""
     os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.stat(path, follow_symlinks=False)
-    if _ours_and_open(st) and not st.st_mode & stat.S_ISVTX:  # /tmp and the like stay as they are
-        os.chmod(path, 0o700, follow_symlinks=False)
+    st = os.lstat(path)
+    problem = directory_problem(path, st)
+    if problem is not None:
+        raise problem
+    make_private(path, st)
+
+
+def make_private(path: str, st: os.stat_result) -> None:
+    """Mode 0700 for a directory of ours (``st``: its ``lstat``) that others may enter or
+    read; where that fails (a read-only file system) it stays as it is: nobody else can write
+    to it, and nothing new gets written there either."""
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o700, follow_symlinks=False)
 
 
 def private_file(fd: int) -> None:
     """The file open as ``fd`` is made the mounting user's only (mode 0600) if it is ours and
     others may read it: a log file made by an older version or under another umask."""
-    if _ours_and_open(os.fstat(fd)):
+    st = os.fstat(fd)
+    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
         os.fchmod(fd, 0o600)
-
-
-def _ours_and_open(st: os.stat_result) -> bool:
-    """Owned by this process's user, and group or others may use it."""
-    return st.st_uid == os.geteuid() and bool(stat.S_IMODE(st.st_mode) & 0o077)
 
 
 # Worker threads (decoding with -o decode, local reads, checksums) release the GIL for their

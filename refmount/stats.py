@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -29,8 +30,23 @@ class Stats:
     decoded: int = 0  # chunks decoded (-o decode), ahead of readers included
     decoded_ahead: int = 0  # chunks decoded ahead of a reader going through an array in order
     open_files: int = 0
+    # the last read that failed: {"time", "key", "target", "reason"} (target redacted)
+    last_error: dict[str, Any] | None = None
 
-    def as_dict(self) -> dict[str, float | int]:
+    def failed(self, key: str, error: Exception) -> None:
+        """Count a read answered with an error and remember it as the last one."""
+        from .redact import redact_url
+
+        self.errors += 1
+        url = getattr(error, "url", None)
+        self.last_error = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "key": key,
+            "target": redact_url(url) if isinstance(url, str) else None,
+            "reason": redact_url(str(getattr(error, "reason", None) or error)),
+        }
+
+    def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["uptime"] = round(time.time() - self.started, 3)
         return d

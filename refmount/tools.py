@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import itertools
 import json
 import os
@@ -234,11 +235,15 @@ def read_stats(mountpoint: str) -> dict[str, Any]:
     try:
         raw = os.getxattr(mountpoint, STATS_XATTR)
     except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            raise RuntimeError(f"{mountpoint}: stale mount (its daemon died); clear it with "
+                               f"'fusermount3 -uz {mountpoint}'") from None
         raise RuntimeError(f"{mountpoint}: not a refmount mount ({e.strerror})") from None
     stats = json.loads(raw)
-    for name in ("source", "format", "keys", "targets"):
+    for name in ("source", "format", "keys", "targets", "log"):
         with contextlib.suppress(OSError):
-            stats[name] = os.getxattr(mountpoint, f"user.refmount.{name}").decode()
+            value = os.getxattr(mountpoint, f"user.refmount.{name}").decode()
+            stats[name] = int(value) if value.isdigit() else value
     return stats
 
 
@@ -259,6 +264,12 @@ def format_stats(stats: dict[str, Any]) -> str:
     ]
     rows = [(label, f"{stats[k]:,}" if isinstance(stats.get(k), int) else str(stats.get(k, "-")))
             for k, label in order if k in stats]
+    last = stats.get("last_error")
+    if last:
+        target = f" ({last['target']})" if last.get("target") else ""
+        rows.append(("last error", f"{last['time']} {last['key']}{target}: {last['reason']}"))
+    if stats.get("log"):
+        rows.append(("log", str(stats["log"])))
     return "\n".join(_table(rows, header=False))
 
 

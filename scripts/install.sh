@@ -6,8 +6,8 @@
 #   - /usr/local/bin/refmount, a symlink to the venv's script: the PATH that mount(8),
 #     mount.fuse3, /etc/fstab and systemd use;
 #   - /etc/systemd/system/refmount@.service (systemctl daemon-reload when systemd runs);
-#   - /etc/refmount/refmount.conf.example (an instance's configuration: copy it to
-#     /etc/refmount/<instance>.conf).
+#   - /etc/refmount/ (mode 0700) and refmount.conf.example in it (0600): an instance's
+#     configuration, which may hold credentials: copy it to /etc/refmount/<instance>.conf.
 # A second run with an unchanged checkout changes nothing; a changed checkout is reinstalled.
 #
 # Usage: sudo bash scripts/install.sh [--python PATH] [--extra NAME]... [--uninstall]
@@ -192,19 +192,23 @@ else
     say "linked $BIN -> $VENV/bin/refmount"
 fi
 
-install_file() { # SRC DEST: copy when missing or different, mode 0644
+install_file() { # SRC DEST [MODE]: copy when missing or different (mode 0644 by default)
+    local mode=${3:-0644}
     if [ -f "$2" ] && cmp -s "$1" "$2"; then
+        chmod "$mode" "$2"
         say "$2 present"
         return 1
     fi
-    install -D -m 0644 "$1" "$2"
+    install -D -m "$mode" "$1" "$2"
     say "installed $2"
 }
 
 if install_file systemd/refmount@.service "$UNIT"; then
     reload_systemd
 fi
-install -d -m 0755 "$CONF_DIR"
-install_file systemd/refmount.conf.example "$CONF_EXAMPLE" || true
+# An instance's configuration may hold credentials (remote_options): the directory is root's
+# alone and the example, the file that gets copied, is 0600 (cp keeps its mode).
+install -d -m 0700 "$CONF_DIR"
+install_file systemd/refmount.conf.example "$CONF_EXAMPLE" 0600 || true
 
 say "done: $(command -v refmount 2>/dev/null || echo "$BIN") -> $("$BIN" --version)"

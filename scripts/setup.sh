@@ -38,9 +38,10 @@ say() { printf 'setup: %s\n' "$*"; }
 # systemd: systemd-analyze verify of the unit files in tests;
 # gdal-bin (gdalinfo, gdal_translate): a non-Python client of -o decode in tests and the demo;
 # cdo, nco (ncks): netCDF-C clients that compute statistics through -o decode in tests;
-# chromium: a real browser for the HTTP front end's CORS tests (headless).
+# chromium: a real browser for the HTTP front end's CORS tests (headless);
+# python3-seccomp: tests run the unit's commands under its SystemCallFilter= (no systemd here).
 PKGS=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv
-    netcdf-bin nginx-light attr curl psmisc systemd gdal-bin cdo nco chromium)
+    netcdf-bin nginx-light attr curl psmisc systemd gdal-bin cdo nco chromium python3-seccomp)
 if [ "$BENCH" -eq 1 ]; then
     PKGS+=(libfuse2)
 fi

@@ -59,7 +59,7 @@ pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
 SPEC = Path("/work/shared/spec/references-spec.rst")
 START_RE = re.compile(r"mounted (?P<src>\S+) on (?P<mnt>\S+): (?P<keys>\d+) keys "
-                      r"\(options: (?P<opts>\{.*\})\)")
+                      r"\(options: (?P<opts>.*)\)")
 STOP_RE = re.compile(r"unmounted (?P<mnt>\S+): (?P<reads>\d+) reads, (?P<bytes>\d+) bytes read, "
                      r".*?(?P<errors>\d+) errors, "
                      r"(?P<retries>\d+) retries")
@@ -215,6 +215,9 @@ def test_install_sh_installs_this_checkout(installed):
     assert INSTALLED_UNIT.read_bytes() == (SYSTEMD_DIR / "refmount@.service").read_bytes()
     example = Path("/etc/refmount/refmount.conf.example")
     assert example.read_bytes() == (SYSTEMD_DIR / "refmount.conf.example").read_bytes()
+    # a configuration copied from the example may hold credentials: root's alone
+    modes = [stat.S_IMODE(p.stat().st_mode) for p in (example.parent, example)]
+    assert modes == [0o700, 0o600], [oct(m) for m in modes]
 
 
 @pytest.mark.timeout(900)  # the first test to use the install waits for install.sh
@@ -314,9 +317,11 @@ def test_log_file_start_stop_failed_reads_and_masked_secrets(mount, hand, datase
     assert len(start) == 1, text
     s = START_RE.search(start[0])
     assert (s["src"], s["mnt"], int(s["keys"])) == (str(src), str(m.path), len(refs))
-    shown = json.loads(s["opts"])
-    assert set(shown["remote_options"]) == set(SECRETS), shown
-    assert shown["uid"] == os.getuid() and shown["cache_dir"] == str(mount.base / "cache")
+    shown = s["opts"]  # the options that differ from their defaults, as -o writes them
+    keys = re.search(r"remote_options=\{(.*?)\}", shown)
+    assert keys and set(re.findall(r'"([^"]+)":\*\*\*', keys[1])) == set(SECRETS), shown
+    assert f"cache_dir={mount.base / 'cache'}" in shown.split(","), shown
+    assert "uid=" not in shown, shown  # a default is not repeated
     failed = [ln for ln in text.splitlines() if "vanishing.bin" in ln and "ERROR" in ln]
     assert failed, f"no log line for the failed read:\n{text}"
     for ln in failed:
@@ -563,7 +568,7 @@ def test_inspect_parquet(kparquet):
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert info["format"] == "parquet"
-    assert info["keys"] == len(refs)
+    assert info["keys"] == len(refs) + 1  # and the set's .zmetadata, a key as fsspec serves it
     arrays = {k[: -len("/.zarray")] for k in refs if k.endswith("/.zarray")}
     assert set(info["arrays"]) == arrays
     assert info["referenced_bytes"] == range_bytes(refs)
@@ -701,14 +706,14 @@ def test_expand_parquet_remountable(mount, kparquet, tmp_path):
         r = run_cli("expand", str(parquet), "-o", str(out))
         assert r.returncode == 0, r.stderr
         expanded = json.loads(out.read_text())
-        assert set(expanded) == set(refs)
+        assert set(expanded) == set(refs) | {".zmetadata"}  # the set's own, as fsspec lists it
         for k, v in refs.items():
             if isinstance(v, list):
                 assert expanded[k] == v, k
         a, b = mount(parquet), mount(out)
         tree = read_tree(a.path)
         assert read_tree(b.path) == tree
-        assert set(tree) == set(refs)
+        assert set(tree) == set(refs) | {".zmetadata"}
         for k, v in refs.items():
             if not pdata.is_meta_key(k):
                 assert tree[k] == pdata.expected_bytes(v), k
@@ -748,7 +753,7 @@ def test_mounted_yields_a_working_path_and_unmounts(hand, tmp_path):
     assert not is_mounted(mnt)
     assert not wait_gone(procs, 15), "daemon still running after the with block"
     start = START_RE.search((tmp_path / "a.log").read_text())
-    assert start and json.loads(start["opts"])["remote_options"] == {"anon": "***"}
+    assert start and 'remote_options={"anon":***}' in start["opts"].split(","), start["opts"]
 
 
 def test_mounted_without_mountpoint_uses_and_removes_a_temporary_dir(datasets, tmp_path):
@@ -759,6 +764,35 @@ def test_mounted_without_mountpoint_uses_and_removes_a_temporary_dir(datasets, t
     assert not is_mounted(path)
     assert not os.path.exists(path), f"temporary mountpoint {path} left behind"
     assert not wait_gone(procs, 15)
+
+
+def test_mounted_temporary_mountpoints_share_one_log_file(datasets, tmp_path):
+    """Without syslog, mounts on temporary mountpoints log to one file, not one per mount."""
+    if os.path.exists("/dev/log"):
+        pytest.skip("this machine has syslog: detached mounts log there, to no file")
+    cache = tmp_path / "cache"
+    for _ in range(2):
+        with refmount.mounted(datasets.refs["hand_local"], cache_dir=str(cache)) as path:
+            assert Path(path, "hello.txt").read_bytes() == b"hello world\n"
+    logs = sorted(p.name for p in (cache / "log").iterdir())
+    assert logs == ["mounted.log"], logs
+    assert len(START_RE.findall((cache / "log" / "mounted.log").read_text())) == 2
+
+
+def test_mounted_with_a_file_still_open_warns_and_detaches(hand, tmp_path, caplog):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    t0 = time.monotonic()
+    with refmount.mounted(hand.path, mnt, **py_opts(tmp_path, "g")) as path:
+        held = open(Path(path, "hello.txt"), "rb")  # noqa: SIM115 (held open past the block)
+    took = time.monotonic() - t0
+    try:
+        assert not is_mounted(mnt), "still mounted after the with block"
+        assert took < 15, took
+        busy = [r.getMessage() for r in caplog.records if "is busy" in r.getMessage()]
+        assert len(busy) == 1 and str(mnt) in busy[0] and "still open" in busy[0], caplog.text
+    finally:
+        held.close()
 
 
 def test_mounted_unmounts_on_exception(hand, tmp_path):

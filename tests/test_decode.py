@@ -62,7 +62,8 @@ def check_ncdump(mnt, var: str, expected: np.ndarray, fill) -> None:
 
 def nc_variables(path: Path):
     """(name, or a path like /sub/inner in a group; raw values; fill value) of every numeric
-    variable of a netCDF file."""
+    variable of a netCDF file. The fill value is what kerchunk records as ``fill_value``:
+    ``_FillValue``, else (netCDF3) ``missing_value``; the decoded view's ``_FillValue``."""
     out = []
     with netCDF4.Dataset(path) as ds:
         ds.set_auto_maskandscale(False)
@@ -70,7 +71,8 @@ def nc_variables(path: Path):
         def walk(group, prefix):
             for name, v in group.variables.items():
                 if v.dtype.kind in "iuf":
-                    fill = v.getncattr("_FillValue") if "_FillValue" in v.ncattrs() else None
+                    fill = next((v.getncattr(a) for a in ("_FillValue", "missing_value")
+                                 if a in v.ncattrs()), None)
                     out.append((f"{prefix}/{name}" if prefix else name, np.asarray(v[:]), fill))
             for gname, g in group.groups.items():
                 walk(g, f"{prefix}/{gname}")
@@ -233,7 +235,8 @@ def test_hdf5_codecs_through_decode(mount, codec_set, tmp_path):
     assert zarrays["be_zlib"]["dtype"] == ">f4"
     assert assert_sizes_are_bytes(dec) >= len(originals) * 2
     for name, values in originals.items():
-        check_ncdump(dec, name, values, None)
+        # kerchunk records HDF5's fill value (0) as fill_value: the decoded view's _FillValue
+        check_ncdump(dec, name, values, zarrays[name]["fill_value"])
     d = xr.open_zarr(dec, consolidated=False, mask_and_scale=False)  # kerchunk's fill_value is 0
     r = xr.open_zarr(raw, consolidated=False, mask_and_scale=False)
     assert_same_dataset(d, r)
@@ -389,9 +392,9 @@ def test_parquet_and_version1_sets_decode(mount, shared_mounts, tmp_path):
         assert assert_sizes_are_bytes(m) > 10
         d = xr.open_zarr(m, consolidated=False)
         assert_like_original(d, original)
-        if src == v1_src:  # consolidated metadata, rewritten like each .zarray
-            zmeta = json.loads((m / ".zmetadata").read_text())["metadata"]
-            assert zmeta["temp/.zarray"] == json.loads((m / "temp/.zarray").read_text())
-            assert zmeta["temp/.zarray"]["filters"] is None
-            assert_like_original(xr.open_zarr(m, consolidated=True), original)
+        # consolidated metadata (Parquet: the set's own file), rewritten like each .zarray
+        zmeta = json.loads((m / ".zmetadata").read_text())["metadata"]
+        assert zmeta["temp/.zarray"] == json.loads((m / "temp/.zarray").read_text())
+        assert zmeta["temp/.zarray"]["filters"] is None
+        assert_like_original(xr.open_zarr(m, consolidated=True), original)
         check_ncdump(m, "counts", counts, -1)

@@ -19,13 +19,13 @@ def _put(disk: DiskCache, url: str, length: int = 8192) -> bytes:
 
 
 def test_temporary_files_left_by_a_crash_are_removed_and_fresh_ones_kept(tmp_path):
-    """A writer killed between create and rename leaves ``<digest>.<pid>.<tid>.tmp``: it is
+    """A writer killed between create and rename leaves ``<digest>.<random>.tmp``: it is
     never renamed or overwritten, and eviction does not count it, so it would take space
     for ever. Old ones go at the next scan; a young one may be another mount's write."""
     disk = DiskCache(str(tmp_path), 2**30)
     block = disk.block_path(_put(disk, "u"))
-    stale = f"{block[:-8]}00000000.4242.1.tmp"
-    fresh = f"{block[:-8]}11111111.4243.1.tmp"
+    stale = f"{block[:-8]}00000000.8d0f2a41c3b5e697.tmp"
+    fresh = f"{block[:-8]}11111111.31c7a9e05b4d28f6.tmp"
     for path in (stale, fresh):
         with open(path, "wb") as f:
             f.write(b"x" * 10000)

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
 NC4_ROOT_VARS = {"time", "y", "x", "temp", "counts", "packed", "flags", "precise", "contig",
                  "le_int", "le_float"}
-NC3_VARS = {"time", "lat", "lon", "tas", "pr", "elev", "mask"}
+NC3_VARS = {"time", "lat", "lon", "tas", "pr", "wind", "elev", "mask"}
 
 
 def nczarr_url(mnt) -> str:

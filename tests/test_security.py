@@ -6,6 +6,10 @@ try it — a root ``allow_other`` mount, the unprivileged user ``nobody``, a 060
 * FIFOs, devices and directories as targets fail at once and block no worker;
 * the disk cache and logs are private to the mounting user, and a forbidden target is never
   served from a disk cache filled by a mount that was allowed to read it;
+* a cache directory another user prepared (a real second user: world-writable, index/ and
+  blocks/00..ff, symlinks planted) is refused at mount and nothing in it is written or
+  followed; mounts whose environment points the same S3 URL at different endpoints never
+  share blocks;
 * an endless HTTP 206 body is cut off after the range (bounded memory);
 * relative ``file://`` and ``~`` URLs resolve the same in the CLI and the daemon, and mounts
   sharing a cache never serve each other's bytes for them;
@@ -24,8 +28,10 @@ from pathlib import Path
 
 import pytest
 import trio
-from support.confinement import as_nobody, mkdir_public, parquet_set, write_json
-from support.mounts import run_cli
+from support.confinement import as_nobody, as_user, mkdir_public, other_user, parquet_set, write_json
+from support.mounts import is_mounted, run_cli
+from support.probes import stats
+from support.servers import moto_s3
 
 from refmount.cache import DiskCache, MemoryLRU, aligned_buffer, round_up
 from refmount.errors import FetchError
@@ -262,6 +268,61 @@ def test_cache_and_logs_are_private_whatever_the_umask(mount, public):
     assert not bad, "usable by others:\n" + "\n".join(bad)
     r = as_nobody("cat", *map(str, files))
     assert data[:4096] not in r.stdout and r.stdout == b"", f"nobody read {len(r.stdout)} bytes"
+
+
+@pytest.mark.parametrize("mode", ["detached", "foreground"])
+@fuse
+def test_cache_dir_another_user_prepared_is_refused(public, secret, mode):
+    """User B, a real second user, prepares the cache directory a root mount will use, in a
+    shared sticky directory (as /tmp): index/ and blocks/00..ff, all mode 0777, and in every
+    block directory a symlink to a root-only file at a name a writer could use. Root's mount
+    is refused before anything starts, with one line naming the directory and what to do;
+    nothing is mounted, root writes nothing there, and the root-only file is unchanged."""
+    uid = other_user()
+    shared = public / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    cache = shared / "cache"
+    prepare = (f"mkdir -p {cache}/index && for i in $(seq 0 255); do "
+               f"d={cache}/blocks/$(printf %02x $i); mkdir -p $d && ln -s {secret} $d/planted.tmp; "
+               f"done && chmod -R 0777 {cache}")
+    r = as_user(uid, "sh", "-c", prepare)
+    assert r.returncode == 0 and (cache / "blocks" / "ff" / "planted.tmp").is_symlink(), r.stderr
+    set_dir = mkdir_public(public / "set")
+    (set_dir / "data.bin").write_bytes(b"d" * 70000)
+    src = write_json(set_dir / "refs.json", {"a": [str(set_dir / "data.bin"), 0, 70000]})
+    mnt = mkdir_public(public / "mnt")
+    extra = ["-f"] if mode == "foreground" else []
+    r = run_cli(str(src), str(mnt), "-o", f"cache_dir={cache}", *extra)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"refmount: error: cache directory {cache} is owned by uid {uid}")
+    assert "choose another cache_dir" in lines[0], lines[0]
+    assert not is_mounted(mnt)
+    assert secret.read_bytes() == SECRET
+    ours = [str(p) for p in [cache, *cache.rglob("*")] if p.lstat().st_uid != uid]
+    assert not ours, f"root wrote in B's directory: {ours[:5]}"
+
+
+@fuse
+def test_s3_endpoints_from_the_environment_share_no_blocks(mount, tmp_path, monkeypatch):
+    """Two moto S3 servers hold different bytes under the same s3://bkt/obj. Mounts with the
+    same options and cache_dir, the endpoint given by AWS_ENDPOINT_URL, each read their own
+    server's bytes; a later mount of the first endpoint is served from the disk cache (the
+    cache is shared where it should be)."""
+    one, two = os.urandom(50000), os.urandom(50000)
+    src = write_json(tmp_path / "refs.json", {"k": ["s3://bkt/obj", 0, 50000]})
+    options = json.dumps({"key": "test", "secret": "test",
+                          "client_kwargs": {"region_name": "eu-west-1"}})
+    with moto_s3({"bkt/obj": one}) as first, moto_s3({"bkt/obj": two}) as second:
+        got = []
+        for endpoint in (first, second, first):
+            monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+            m = mount(src, f"remote_options={options}")
+            got.append(((m / "k").read_bytes(), stats(m)["disk_hits"]))
+            m.cleanup()  # the cache writer finishes its blocks on unmount
+    assert [data == want for (data, _), want in zip(got, (one, two, one), strict=True)] == [True] * 3
+    assert [hits for _, hits in got] == [0, 0, 1], got
 
 
 @fuse

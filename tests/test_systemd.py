@@ -38,6 +38,8 @@ from support.admin import (
     read_environment_file,
     systemd_escape_path,
     systemd_unescape_path,
+    under_syscall_filter,
+    unit_syscalls,
     unit_values,
     write_hand_set,
 )
@@ -255,6 +257,22 @@ def test_service_settings():
         assert not unit_values(unit, "Service", key), f"{key}= would hide the mount from the host"
     for f in (FSTAB_EXAMPLE, CONF_EXAMPLE, MOUNT_UNIT):
         assert f.exists(), f
+    # hardening that keeps the mount visible, and bounds a drop-in can raise
+    assert unit_values(unit, "Service", "SystemCallFilter")[0].split() == ["@system-service", "@mount"]
+    for key in ("ProtectClock", "ProtectHostname", "NoNewPrivileges"):
+        assert one(key) == "yes", key
+    assert one("MemoryMax") == "2G" and one("TasksMax") == "512"
+
+
+def test_service_exposure_is_ok(tmp_path):
+    """``systemd-analyze security`` rates the unit as written (offline) at most 4.0, "OK"."""
+    exe = systemd_analyze()
+    shutil.copy(SERVICE, tmp_path / SERVICE.name)
+    r = subprocess.run([exe, "security", "--offline=true", "--no-pager", SERVICE.name],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    found = re.search(r"Overall exposure level for \S+: ([0-9.]+) (\w+)", r.stdout)
+    assert found, r.stdout[-2000:] + r.stderr
+    assert float(found[1]) <= 4.0 and found[2] == "OK", found[0]
 
 
 def stale_mount(mount, hand) -> Path:
@@ -302,8 +320,16 @@ def test_service_commands_as_systemd_runs_them(mount, hand, installed, tmp_path)
     env.update(read_environment_file(conf))  # EnvironmentFile= wins over Environment=
 
     service_env = {"PATH": SYSTEMD_PATH, "LANG": "C.UTF-8"}
+    # Every command runs under the unit's SystemCallFilter= (a call outside it kills); the
+    # filter is enforced: a call it leaves out dies with SIGSYS.
+    allowed = unit_syscalls(unit)
+    assert "mount" in allowed and "setuid" not in allowed and "clock_settime" not in allowed
+    r = subprocess.run(under_syscall_filter([sys.executable, "-c", "import os; os.setuid(0)"],
+                                            allowed, tmp_path), capture_output=True, timeout=60)
+    assert r.returncode == -signal.SIGSYS, (r.returncode, r.stderr)
     for line in unit_values(unit, "Service", "ExecStartPre"):
         argv, ignore = expand_command(line, spec, env)
+        argv = under_syscall_filter(argv, allowed, tmp_path)
         r = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=service_env)
         assert r.returncode == 0 or ignore, (argv, r.stderr)
     assert os.stat(mnt).st_ino != 1 and not is_mounted(mnt), "ExecStartPre did not clear the stale mount"
@@ -311,6 +337,7 @@ def test_service_commands_as_systemd_runs_them(mount, hand, installed, tmp_path)
     [start] = unit_values(unit, "Service", "ExecStart")
     argv, _ = expand_command(start, spec, env)
     assert argv == ["/usr/local/bin/refmount", "--env", str(mnt), "-f"]
+    argv = under_syscall_filter(argv, allowed, tmp_path)
     notify = NotifySocket(short_dir(tmp_path), stat_on_receipt=mnt)
     err = tmp_path / "service.stderr"
     with open(err, "wb") as f:
@@ -332,6 +359,7 @@ def test_service_commands_as_systemd_runs_them(mount, hand, installed, tmp_path)
         assert not is_mounted(mnt)
         for line in unit_values(unit, "Service", "ExecStopPost"):
             argv, ignore = expand_command(line, spec, env)
+            argv = under_syscall_filter(argv, allowed, tmp_path)
             r = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=service_env)
             assert r.returncode == 0 or ignore, (argv, r.stderr)
         assert os.path.isdir(mnt) and not is_mounted(mnt)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..urls import is_local
+from .deadline import within
 from .format import Format, IndexFile, OpenedTree
 from .index import KeyIndex
 from .jsonrefs import JsonFormat, build_index
@@ -58,7 +60,9 @@ def format_named(name: str) -> Format:
 
 def prepare_index(source: str, target_options: Mapping[str, Any], *, bad_keys: str = "error",
                   limits: Limits = DEFAULT_LIMITS, cache_dir: str | None = None) -> IndexFile:
-    """Parse or validate SOURCE in its format (see Format.prepare)."""
-    fmt = detect_format(source, target_options)
+    """Parse or validate SOURCE in its format (see Format.prepare). Asking a remote SOURCE
+    what it is ends within ``limits.source_timeout``, as each open and read of it does."""
+    timeout = None if is_local(source) else limits.source_timeout
+    fmt = within(timeout, source, detect_format, source, target_options)
     return fmt.prepare(source, target_options, bad_keys=bad_keys, limits=limits,
                        cache_dir=cache_dir)

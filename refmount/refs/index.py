@@ -15,7 +15,9 @@ import bisect
 import contextlib
 import json
 import logging
+import mmap
 import os
+import stat
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -444,20 +446,41 @@ def summary_metadata(table: pa.Table) -> dict[str, str]:
 
 
 def write_index(table: pa.Table, path: str, metadata: dict[str, str]) -> None:
-    """Write atomically (temp file + rename), so concurrent mounts never see half a file."""
+    """Write atomically (temp file + rename), so concurrent mounts never see half a file. The
+    directory is the caller's to vouch for (``process.private_dir`` under ``cache_dir``); the
+    temporary file is created exclusively under an unpredictable name (``mkstemp``)."""
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o700, exist_ok=True)  # the index holds every target URL
-    schema = table.schema.with_metadata({"format": INDEX_FORMAT, **metadata})
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".arrow")
     try:
-        with os.fdopen(fd, "wb") as f, pa.ipc.new_file(f, schema) as writer:
-            for batch in table.to_batches(max_chunksize=max(table.num_rows, 1)):
-                writer.write_batch(batch)
+        _write(fd, table, metadata)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_temporary_index(table: pa.Table, metadata: dict[str, str]) -> str:
+    """Write the index to a new file of this user's (0600, created exclusively under an
+    unpredictable ``refmount-index-*.arrow`` name in ``$XDG_RUNTIME_DIR`` or the temporary
+    directory: nothing another user planted there is written through); returns its path."""
+    directory = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    fd, path = tempfile.mkstemp(dir=directory, prefix="refmount-index-", suffix=".arrow")
+    try:
+        _write(fd, table, metadata)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    return path
+
+
+def _write(fd: int, table: pa.Table, metadata: dict[str, str]) -> None:
+    schema = table.schema.with_metadata({"format": INDEX_FORMAT, **metadata})
+    with os.fdopen(fd, "wb") as f, pa.ipc.new_file(f, schema) as writer:
+        for batch in table.to_batches(max_chunksize=max(table.num_rows, 1)):
+            writer.write_batch(batch)
 
 
 class KeyIndex:
@@ -488,9 +511,20 @@ class KeyIndex:
 
     @classmethod
     def open(cls, path: str) -> KeyIndex:
-        """Memory-map an index file: pages are read on demand and shared with the page cache."""
-        source = pa.memory_map(path, "r")
-        reader = pa.ipc.open_file(source)
+        """Memory-map an index file: pages are read on demand and shared with the page cache.
+        Only a regular file of this user's is read, never through a symlink: the index is
+        the tree the mount serves."""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise ReferenceSetError(f"{path}: not an index file of this user's")
+            if st.st_size == 0:
+                raise ReferenceSetError(f"{path}: not a refmount index of this version")
+            mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped)))
         if reader.schema.metadata is None or reader.schema.metadata.get(b"format") != INDEX_FORMAT.encode():
             raise ReferenceSetError(f"{path}: not a refmount index of this version")
         meta = {k.decode(): v.decode() for k, v in reader.schema.metadata.items()}

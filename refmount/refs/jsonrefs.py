@@ -13,7 +13,6 @@ import logging
 import lzma
 import os
 import re
-import tempfile
 import zlib
 from collections.abc import Callable, Iterator
 from typing import IO, Any
@@ -23,7 +22,14 @@ import zstandard
 
 from ..process import private_dir
 from .format import Format, IndexFile, OpenedTree, Options
-from .index import INDEX_FORMAT, IndexBuilder, KeyIndex, summary_metadata, write_index
+from .index import (
+    INDEX_FORMAT,
+    IndexBuilder,
+    KeyIndex,
+    summary_metadata,
+    write_index,
+    write_temporary_index,
+)
 from .limits import DEFAULT_LIMITS, JsonReader, Limits
 from .model import Ref, ReferenceSetError
 from .nonfinite import NonFiniteWatch, filtered
@@ -138,7 +144,8 @@ def build_index(source: str, target_options: dict, bad_keys: str = "error",
                 limits: Limits = DEFAULT_LIMITS) -> IndexBuilder:
     """Parse SOURCE into an IndexBuilder (not yet sorted or validated)."""
     def opener():
-        return open_source(source, target_options, limits.max_ratio, limits.max_source)
+        return open_source(source, target_options, limits.max_ratio, limits.source_timeout,
+                           limits.max_source)
 
     def watched():
         return SurrogateWatch(opener())
@@ -215,16 +222,25 @@ class JsonFormat(Format):
                 limits: Limits = DEFAULT_LIMITS, cache_dir: str | None = None) -> IndexFile:
         options = dict(target_options)
         # The limits are in the identity: a set accepted under other limits is checked again.
-        identity = source_identity(source, options, f"{INDEX_FORMAT}|{bad_keys}|{limits}")
+        identity = source_identity(source, options, f"{INDEX_FORMAT}|{bad_keys}|{limits}",
+                                   limits.source_timeout)
         cached = None
         if cache_dir is not None and identity:
-            cached = os.path.join(cache_dir, "index", identity + ".arrow")
-            if os.path.exists(cached):
-                try:
-                    KeyIndex.open(cached)
-                    return IndexFile(cached, temporary=False, reused=True, kind=self.name)
-                except Exception as e:  # corrupt or old: rebuild
-                    log.warning("persisted index %s unusable (%s); rebuilding", cached, e)
+            index_dir = os.path.join(cache_dir, "index")
+            try:
+                # The index holds every target URL, and is the tree the mount serves: its
+                # directory is ours alone (or refused), so nobody else can swap an index in.
+                private_dir(index_dir)
+                cached = os.path.join(index_dir, identity + ".arrow")
+            except OSError as e:
+                log.warning("cannot keep the index in %s (%s); using a temporary file",
+                            index_dir, e.strerror)
+        if cached and os.path.exists(cached):
+            try:
+                KeyIndex.open(cached)
+                return IndexFile(cached, temporary=False, reused=True, kind=self.name)
+            except Exception as e:  # corrupt or old: rebuild
+                log.warning("persisted index %s unusable (%s); rebuilding", cached, e)
 
         builder = build_index(source, options, bad_keys, limits)
         table = builder.finish()
@@ -238,16 +254,13 @@ class JsonFormat(Format):
         meta["source"] = source
         if cached:
             try:
-                private_dir(os.path.dirname(cached))  # the index holds every target URL
                 write_index(table, cached, meta)
                 return IndexFile(cached, temporary=False, reused=False, kind=self.name)
             except OSError as e:
                 log.warning("cannot persist the index in %s (%s); using a temporary file",
                             cache_dir, e.strerror)
-        tmpdir = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-        path = os.path.join(tmpdir, f"refmount-index-{os.getpid()}-{id(table):x}.arrow")
-        write_index(table, path, meta)
-        return IndexFile(path, temporary=True, reused=False, kind=self.name)
+        return IndexFile(write_temporary_index(table, meta), temporary=True, reused=False,
+                         kind=self.name)
 
     def targets(self, index: IndexFile) -> Iterator[tuple[str, Callable[[], str]]]:
         keys = KeyIndex.open(index.path)

@@ -22,7 +22,7 @@ most twice the token's length, and the chunk never exceeds the token yajl holds 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 import numpy as np
@@ -45,11 +45,14 @@ class Limits:
     max_key_length: int = 64 << 10  # bytes of a key
     max_nesting: int = 256  # nesting of JSON arrays and objects in SOURCE
     max_source: int = 2 << 30  # bytes of SOURCE read, after any decompression (0: no limit)
+    # seconds a remote SOURCE may take to answer one open or read (not part of what the
+    # index is built under: excluded from comparison and repr)
+    source_timeout: float | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_config(cls, cfg: Any) -> Limits:
         return cls(cfg.max_inline, cfg.max_ratio, cfg.max_key_depth, cfg.max_key_length,
-                   cfg.max_nesting, cfg.max_source)
+                   cfg.max_nesting, cfg.max_source, source_timeout=cfg.timeout)
 
     @property
     def max_token(self) -> int:

@@ -11,7 +11,9 @@ import fsspec
 from fsspec.compression import compr
 from fsspec.core import url_to_fs
 
-from ..urls import is_chained, protocol
+from ..urlenv import environment_identity
+from ..urls import is_chained, is_local, protocol
+from .deadline import SourceTimeout, TimedStream, connection_problem, within
 from .limits import CountingReader, ExpansionGuard, Limits
 from .model import ReferenceSetError
 
@@ -23,19 +25,23 @@ ACCEPT_ENCODING = "gzip, deflate"
 
 
 def open_source(source: str, target_options: dict[str, Any], max_ratio: int = Limits.max_ratio,
-                max_bytes: int = Limits.max_source) -> IO[bytes]:
+                timeout: float | None = None, max_bytes: int = Limits.max_source) -> IO[bytes]:
     """A binary stream of the refs file, decompressed when the name says .gz/.zst/... or an
     HTTP answer says ``Content-Encoding``: a compressed one may expand at most ``max_ratio``
     times the bytes read from the storage, and any yields at most ``max_bytes`` (see
-    ExpansionGuard)."""
+    ExpansionGuard). For a SOURCE that is not a local file, opening it and each read end
+    within ``timeout``."""
+    if is_local(source):
+        timeout = None
     try:
         http = protocol(source) in HTTP_PROTOCOLS and not is_chained(source)
         options = _http_options(target_options) if http else target_options
         of = fsspec.open(source, "rb", compression="infer", **options)
-        raw = of.fs.open(of.path, mode="rb")
+        opened = within(timeout, source, of.fs.open, of.path, "rb")
+        raw = opened if timeout is None else TimedStream(opened, timeout, source)
         counter = CountingReader(raw)
         stream: IO[bytes] = counter  # type: ignore[assignment]
-        encoding = _content_encoding(raw) if http else "identity"
+        encoding = _content_encoding(opened) if http else "identity"
         if encoding != "identity":
             stream = _decoder(source, encoding, stream)
         if of.compression is not None:
@@ -52,8 +58,9 @@ def open_source(source: str, target_options: dict[str, Any], max_ratio: int = Li
                               max_bytes)
     except ReferenceSetError:
         raise
-    except FileNotFoundError:
-        raise ReferenceSetError(f"{source}: no such file") from None
+    except FileNotFoundError as e:
+        problem = connection_problem(e)
+        raise ReferenceSetError(f"{source}: {problem or 'no such file'}") from None
     except IsADirectoryError:
         raise ReferenceSetError(f"{source}: is a directory, not a reference file") from None
     except PermissionError:
@@ -63,7 +70,8 @@ def open_source(source: str, target_options: dict[str, Any], max_ratio: int = Li
     except ImportError as e:
         raise ReferenceSetError(f"{source}: missing support for this URL ({e})") from None
     except OSError as e:
-        raise ReferenceSetError(f"{source}: cannot open ({e})") from None
+        problem = connection_problem(e)
+        raise ReferenceSetError(f"{source}: {problem or f'cannot open ({e})'}") from None
 
 
 def _http_options(target_options: dict[str, Any]) -> dict[str, Any]:
@@ -134,12 +142,16 @@ class Inflating:
         self._stream.close()
 
 
-def source_identity(source: str, target_options: dict[str, Any], salt: str) -> str | None:
+def source_identity(source: str, target_options: dict[str, Any], salt: str,
+                    timeout: float | None = None) -> str | None:
     """A stable digest of SOURCE's name + size + modification stamp, or None when the
-    storage gives no stamp (then a persisted index could be stale, so none is used)."""
+    storage gives no stamp (then a persisted index could be stale, so none is used).
+    SourceTimeout if the storage does not answer within ``timeout``."""
     try:
         fs, path = url_to_fs(source, **target_options)
-        info = fs.info(path)
+        info = within(None if is_local(source) else timeout, source, fs.info, path)
+    except SourceTimeout:
+        raise
     except Exception:
         return None
     stamp = {
@@ -150,5 +162,6 @@ def source_identity(source: str, target_options: dict[str, Any], salt: str) -> s
     }
     if not any(k != "size" for k in stamp):
         return None
-    blob = json.dumps([fs.unstrip_protocol(path), stamp, salt], sort_keys=True)
+    # The environment may change what SOURCE names (AWS_ENDPOINT_URL, ...): see urlenv.py.
+    blob = json.dumps([fs.unstrip_protocol(path), stamp, salt, environment_identity()], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:40]

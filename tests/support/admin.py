@@ -333,6 +333,53 @@ def expand_command(line: str, specifiers: dict[str, str], env: dict[str, str]
     return argv, ignore
 
 
+def syscall_groups() -> dict[str, list[str]]:
+    """systemd's system call groups (``@system-service``: names and ``@group`` references),
+    as ``systemd-analyze syscall-filter`` lists them."""
+    out = subprocess.run(["systemd-analyze", "syscall-filter", "--no-pager"], capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    groups: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in out.splitlines():
+        if line.startswith("@"):
+            current = groups.setdefault(line.strip(), [])
+        elif not line.strip():
+            current = None
+        elif current is not None and not line.strip().startswith("#"):
+            current.append(line.strip())
+    return groups
+
+
+def unit_syscalls(unit: dict[str, list[tuple[str, str]]]) -> set[str]:
+    """The system calls the service may make: its SystemCallFilter= lines (an allow list
+    first, then ``~`` lists taken out of it) and ProtectClock= (no @clock)."""
+    groups = syscall_groups()
+
+    def expand(item: str) -> set[str]:
+        if not item.startswith("@"):
+            return {item}
+        return set().union(*(expand(i) for i in groups[item]))
+
+    allowed: set[str] = set()
+    for value in unit_values(unit, "Service", "SystemCallFilter"):
+        names = set().union(*(expand(i) for i in value.lstrip("~").split()))
+        if value.startswith("~"):
+            allowed -= names
+        else:
+            allowed |= names
+    if unit_values(unit, "Service", "ProtectClock") == ["yes"]:
+        allowed -= expand("@clock")
+    return allowed
+
+
+def under_syscall_filter(argv: list[str], allowed: set[str], directory: Path) -> list[str]:
+    """``argv`` run under a seccomp filter that allows ``allowed`` only (support/seccomp_exec.py,
+    with the system's Python and python3-seccomp)."""
+    names = directory / "allowed-syscalls.txt"
+    names.write_text("\n".join(sorted(allowed)) + "\n")
+    return ["/usr/bin/python3", str(Path(__file__).with_name("seccomp_exec.py")), str(names), *argv]
+
+
 def systemd_escape_path(path: str | os.PathLike) -> str:
     exe = shutil.which("systemd-escape")
     assert exe, "systemd-escape missing (Debian package systemd)"

@@ -7,13 +7,22 @@
                        coordinate, a contiguous dataset, uncompressed little-endian variables
                        (``le_int``, ``le_float``: checkable with ``ncdump -v`` through NCZarr),
                        a nested group ``sub`` with its own dimension and ``sub/deeper``.
-    data/nc3.nc        netCDF3 classic (big-endian, a record dimension, packed int16, _FillValue).
+    data/nc3.nc        netCDF3 classic (big-endian, a record dimension, packed int16 and a
+                       float, each with _FillValue and points holding it, a float with
+                       missing_value only).
+    data/h5.h5         plain HDF5 written by h5py (gzip + shuffle): fill values declared the
+                       netCDF way (a ``_FillValue`` attribute), and one dataset with HDF5's
+                       default fill value (0, not a netCDF fill value) holding zeros.
+    data/part0.nc, data/part1.nc
+                       two netCDF4 files, consecutive in time (float with _FillValue, packed
+                       int16), combined by kerchunk's MultiZarrToZarr into ``combined_local``.
     data/blob.bin      random bytes (odd size, > 1 MiB) for hand-written whole/range references.
     data/tiny.bin      one byte.
     *.json             Version 0 reference sets (``{key: value}``), next to data/ so that
                        refmount's default ``allow_local`` (the directory of a local SOURCE)
                        covers the local targets:
                        nc4_local, nc3_local, hand_local   (targets are absolute local paths)
+                       h5_local, combined_local           (likewise)
                        nc4_http,  nc3_http,  hand_http    (after ``add_http_refs(base_url)``)
                        nc4_local.json.gz / .json.zst      (compressed copies)
 
@@ -63,6 +72,8 @@ class Datasets:
     refs_dir: Path
     nc4: Path
     nc3: Path
+    h5: Path
+    parts: tuple[Path, ...]
     blob: Path
     tiny: Path
     refs: dict[str, Path] = field(default_factory=dict)  # name -> refs JSON file
@@ -274,11 +285,91 @@ def make_nc3(path: Path) -> None:
         pr.scale_factor = 0.5
         pr.add_offset = 10.0
         pr.set_auto_maskandscale(False)
-        pr[:] = rng.integers(-500, 500, (5, 12, 16), dtype="i2")
+        raw = rng.integers(-500, 500, (5, 12, 16), dtype="i2")
+        raw[3, 4, 5:7] = -999
+        pr[:] = raw
+        # missing_value only (no _FillValue): kerchunk makes it the array's fill_value
+        wind = ds.createVariable("wind", "f4", ("time", "lat", "lon"))
+        wind.missing_value = np.float32(-99.0)
+        wind.units = "m s-1"
+        wind.set_auto_maskandscale(False)
+        speed = (rng.random((5, 12, 16)) * 20).astype("f4")
+        speed[0, 0, 0:4] = -99.0
+        wind[:] = speed
         elev = ds.createVariable("elev", "i4", ("lat", "lon"))
         elev[:] = rng.integers(-100, 5000, (12, 16), dtype="i4")
         mask = ds.createVariable("mask", "i1", ("lat", "lon"))
         mask[:] = rng.integers(0, 2, (12, 16), dtype="i1")
+
+
+def make_h5(path: Path) -> None:
+    """Plain HDF5 (no netCDF dimensions: netCDF-C names them phony_dim_N, as kerchunk does)."""
+    import h5py
+
+    rng = np.random.default_rng(SEED + 5)
+    with h5py.File(path, "w") as f:
+        f.attrs["source"] = "h5py"
+        sst = (rng.standard_normal((4, 10, 12)) * 3 + 290).astype("f4")
+        sst[1, 2:4, 0:3] = -999.0
+        d = f.create_dataset("sst", data=sst, chunks=(2, 10, 12), compression="gzip",
+                             shuffle=True, fillvalue=np.float32(-999.0))
+        d.attrs["_FillValue"] = np.float32(-999.0)
+        d.attrs["units"] = "K"
+        level = rng.integers(0, 5000, (4, 10, 12)).astype("i2")
+        level[3, 9, 9:12] = -1
+        d = f.create_dataset("level", data=level, chunks=(4, 5, 12), compression="gzip",
+                             shuffle=True, fillvalue=np.int16(-1))
+        d.attrs["_FillValue"] = np.int16(-1)
+        # HDF5's default fill value (0) and zeros among the data: netCDF-C on the file does
+        # not treat them as missing, kerchunk's fill_value (and so zarr and xarray) does
+        zeros = rng.standard_normal((4, 10, 12)).astype("f4")
+        zeros[0, 0, 0:3] = 0.0
+        f.create_dataset("default_fill", data=zeros, chunks=(2, 10, 12), compression="gzip",
+                         shuffle=True)
+
+
+def make_nc4_part(path: Path, part: int) -> None:
+    """One of two netCDF4 files, consecutive along ``time``, for MultiZarrToZarr."""
+    import netCDF4
+
+    rng = np.random.default_rng(SEED + 10 + part)
+    with netCDF4.Dataset(path, "w", format="NETCDF4") as ds:
+        ds.title = "refmount combined test data"
+        ds.createDimension("time", 3)
+        ds.createDimension("lat", 8)
+        ds.createDimension("lon", 10)
+        t = ds.createVariable("time", "f8", ("time",))
+        t.units = "days since 2001-01-01"
+        t.calendar = "standard"
+        t[:] = np.arange(3) + 3 * part
+        lat = ds.createVariable("lat", "f4", ("lat",))
+        lat.units = "degrees_north"
+        lat[:] = np.linspace(-70, 70, 8)
+        lon = ds.createVariable("lon", "f4", ("lon",))
+        lon.units = "degrees_east"
+        lon[:] = np.arange(10) * 36.0
+        tas = ds.createVariable("tas", "f4", ("time", "lat", "lon"), zlib=True, shuffle=True,
+                                chunksizes=(1, 8, 10), fill_value=np.float32(-9999.0))
+        tas.units = "K"
+        tas[:] = (rng.standard_normal((3, 8, 10)) * 5 + 285).astype("f4")
+        tas[part, part : part + 2, 3] = np.ma.masked
+        rain = ds.createVariable("rain", "i2", ("time", "lat", "lon"), zlib=True, shuffle=True,
+                                 chunksizes=(1, 8, 10), fill_value=np.int16(-32767))
+        rain.scale_factor = 0.1
+        rain.add_offset = 0.0
+        rain.units = "mm"
+        rain.set_auto_maskandscale(False)
+        raw = rng.integers(0, 3000, (3, 8, 10), dtype="i2")
+        raw[2, 7, part] = -32767
+        rain[:] = raw
+
+
+def kerchunk_combined(parts: tuple[Path, ...]) -> dict:
+    from kerchunk.combine import MultiZarrToZarr
+
+    singles = [kerchunk_hdf5(p) for p in parts]
+    return _refs_v0(MultiZarrToZarr(singles, concat_dims=["time"],
+                                    identical_dims=["lat", "lon"]).translate())
 
 
 def _refs_v0(translated: dict) -> dict:
@@ -360,16 +451,23 @@ def build(root: str | os.PathLike) -> Datasets:
     data_dir.mkdir(parents=True)
     ds = Datasets(
         root=root, data_dir=data_dir, refs_dir=refs_dir,
-        nc4=data_dir / "nc4.nc", nc3=data_dir / "nc3.nc",
+        nc4=data_dir / "nc4.nc", nc3=data_dir / "nc3.nc", h5=data_dir / "h5.h5",
+        parts=(data_dir / "part0.nc", data_dir / "part1.nc"),
         blob=data_dir / "blob.bin", tiny=data_dir / "tiny.bin",
     )
     make_nc4(ds.nc4)
     make_nc3(ds.nc3)
+    make_h5(ds.h5)
+    for i, part in enumerate(ds.parts):
+        make_nc4_part(part, i)
     ds.blob.write_bytes(np.random.default_rng(SEED + 1).bytes(BLOB_SIZE))
     ds.tiny.write_bytes(b"!")
 
     ds.refs["nc4_local"] = write_json(refs_dir / "nc4_local.json", kerchunk_hdf5(ds.nc4))
     ds.refs["nc3_local"] = write_json(refs_dir / "nc3_local.json", kerchunk_nc3(ds.nc3))
+    ds.refs["h5_local"] = write_json(refs_dir / "h5_local.json", kerchunk_hdf5(ds.h5))
+    ds.refs["combined_local"] = write_json(refs_dir / "combined_local.json",
+                                           kerchunk_combined(ds.parts))
     ds.refs["hand_local"] = write_json(refs_dir / "hand_local.json", hand_refs(ds.blob, ds.tiny))
     ds.refs["nc4_local_gz"] = compress_copy(ds.refs["nc4_local"], ".gz")
     ds.refs["nc4_local_zst"] = compress_copy(ds.refs["nc4_local"], ".zst")

@@ -40,6 +40,7 @@ http {{
         application/json json;
         application/octet-stream bin nc gz zst;
         text/plain txt;
+        text/html html;
     }}
     default_type application/octet-stream;
     log_format refmount '$remote_addr "$request" $status $body_bytes_sent '
@@ -56,6 +57,7 @@ http {{
         listen 127.0.0.1:{port};
         server_name localhost;
         root {root};
+{server_extra}
         location / {{
             autoindex off;
         }}
@@ -71,6 +73,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def moto_s3(objects: dict[str, bytes]):
+    """moto's S3 server in a process of its own (moto keeps its buckets per process) on a free
+    loopback port, holding ``objects`` ("bucket/key": bytes); yields its endpoint URL."""
+    import s3fs
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while not _port_answers(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"moto server did not start (exit status {proc.poll()})")
+            time.sleep(0.1)
+        fs = s3fs.S3FileSystem(key="test", secret="test", skip_instance_cache=True,
+                               client_kwargs={"endpoint_url": endpoint, "region_name": "eu-west-1"})
+        for path, data in objects.items():
+            bucket = path.split("/", 1)[0]
+            if not fs.exists(bucket):
+                fs.mkdir(bucket)
+            fs.pipe(path, data)
+        yield endpoint
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def _port_answers(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
         return True
@@ -80,8 +115,11 @@ def _port_answers(port: int) -> bool:
 class NginxServer:
     """nginx serving ``root`` (read-only, with Range support) on 127.0.0.1:``port``."""
 
-    def __init__(self, root: str | os.PathLike, run_dir: str | os.PathLike | None = None):
+    def __init__(self, root: str | os.PathLike, run_dir: str | os.PathLike | None = None,
+                 server_extra: str = ""):
+        """``server_extra``: more directives for the ``server`` block (e.g. ``add_header``)."""
         self.root = Path(root).resolve()
+        self.server_extra = server_extra
         self._own_run_dir = run_dir is None
         self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="refmount-nginx-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -111,7 +149,8 @@ class NginxServer:
             user_line = f"user {user} {group};"
         conf = self.run_dir / "nginx.conf"
         conf.write_text(
-            _CONF.format(user_line=user_line, run=self.run_dir, port=port, root=self.root)
+            _CONF.format(user_line=user_line, run=self.run_dir, port=port, root=self.root,
+                         server_extra=self.server_extra)
         )
         return conf
 

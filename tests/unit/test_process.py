@@ -32,23 +32,22 @@ def test_tune_applies_the_process_settings_once() -> None:
         process.tune.cache_clear()
 
 
-def test_private_dir_and_file_close_ours_and_leave_shared_ones(tmp_path) -> None:
-    """``private_dir``/``private_file`` make an existing directory or file of ours 0700/0600,
-    create missing ones so, and leave a sticky shared directory (as ``/tmp``) as it is."""
+def test_private_dir_and_file_close_ours_and_refuse_others(tmp_path) -> None:
+    """``private_dir``/``private_file`` make an existing directory or file of ours 0700/0600
+    and create missing ones so; a directory another user owns or may write to (sticky or
+    not), or a symlink, is refused with ``UnsafeDirectory`` (an OSError) and left as it is."""
     import stat
 
+    import pytest
+
     def mode(p) -> int:
-        return stat.S_IMODE(os.stat(p).st_mode)
+        return stat.S_IMODE(os.lstat(p).st_mode)
 
     old = tmp_path / "old"
     old.mkdir()
     old.chmod(0o755)
     process.private_dir(str(old))
     process.private_dir(str(tmp_path / "new" / "sub"))
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o1777)
-    process.private_dir(str(shared))
     log = tmp_path / "x.log"
     log.write_text("")
     log.chmod(0o644)
@@ -57,8 +56,27 @@ def test_private_dir_and_file_close_ours_and_leave_shared_ones(tmp_path) -> None
         process.private_file(fd)
     finally:
         os.close(fd)
-    assert (mode(old), mode(tmp_path / "new" / "sub"), mode(shared), mode(log)) == (
-        0o700, 0o700, 0o1777, 0o600)
+    assert (mode(old), mode(tmp_path / "new" / "sub"), mode(log)) == (0o700, 0o700, 0o600)
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    shared, group = tmp_path / "shared", tmp_path / "group"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    group.mkdir()
+    group.chmod(0o770)
+    link = tmp_path / "link"
+    link.symlink_to(old)
+    for path, why in ((theirs, "owned by uid 65534"), (shared, "writable by others (mode 1777)"),
+                      (group, "writable by its group (mode 0770)"), (link, "is a symlink")):
+        with pytest.raises(OSError) as e:
+            process.private_dir(str(path))
+        assert isinstance(e.value, process.UnsafeDirectory)
+        message = str(e.value)
+        assert why in message and str(path) in message and "\n" not in message, message
+        assert "choose another cache_dir" in message
+    assert (mode(shared), mode(group), os.stat(theirs).st_uid) == (0o1777, 0o770, 65534)
 
 
 def test_programs_started_with_user_signals_ignored_inherit_it():
