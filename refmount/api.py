@@ -84,10 +84,12 @@ def mounted(source: str | os.PathLike[str], mountpoint: str | os.PathLike[str] |
         private_dir(log_dir)
         options = {**options, "log": os.path.join(log_dir, "mounted.log")}
     opts = [o for o in (_option(k, v) for k, v in options.items()) if o]
-    cmd = [sys.executable, "-m", "refmount", os.fspath(source), path]
-    if opts:
-        cmd += ["-o", ",".join(opts)]
-    result = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    from .cmdline import configuration_environment  # not on `import refmount`: it needs config
+
+    # SOURCE and the options through the environment: credentials never on a command line.
+    result = subprocess.run([sys.executable, "-m", "refmount", "--env", path],
+                            env=configuration_environment(os.fspath(source), opts),
+                            capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
         if tmp:
             os.rmdir(tmp)

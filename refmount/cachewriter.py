@@ -30,7 +30,7 @@ from typing import IO
 import trio
 
 from .cache import DiskCache, round_up
-from .process import private_files
+from .process import USER_SIGNALS, private_files, user_signals_ignored
 from .spawn import child_env, module_command
 from .stats import Stats
 
@@ -73,10 +73,11 @@ class CacheWriter:
             cmd = module_command("refmount.cachewriter", str(read_end), str(ring_fd),
                                  str(self.capacity), self.disk.directory, str(self.disk.capacity),
                                  "1" if self.disk.direct_io else "0")
-            self._proc = subprocess.Popen(
-                cmd, env=child_env(), pass_fds=(read_end, ring_fd), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-            )
+            with user_signals_ignored():  # until the child ignores them itself
+                self._proc = subprocess.Popen(
+                    cmd, env=child_env(), pass_fds=(read_end, ring_fd), stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                )
         except OSError as e:
             self._fail(f"cannot start the cache writer process: {e}")
             return None
@@ -180,7 +181,7 @@ class CacheWriter:
 
 def _child(notes_fd: int, ring_fd: int, capacity: int, directory: str, cache_size: int, direct: bool) -> int:
     # Stopping is the daemon's business: it closes the note pipe when it unmounts.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, *USER_SIGNALS):
         signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(stream=sys.stderr, format="%(levelname)s %(message)s", level=logging.INFO)
     private_files()  # block files and directories are the mounting user's only

@@ -19,13 +19,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import MutableMapping
 
 from . import __version__
 from .cachedir import check_cache_dir
+from .cmdline import ENV_OPTIONS, ENV_SOURCE, hide_credentials, take_configuration
 from .config import MountConfig, apply_options, did_you_mean, options_help, split_options
 from .errors import ConfigError, MountError
 from .mountpoint import check_mountpoint, recover_stale_mount
 from .policy import TargetRefused, check_targets
+from .process import ignore_user_signals
 from .progress import Progress
 from .redact import RedactingFormatter, redact_url
 from .refs import IndexFile, ReferenceSetError, format_named, prepare_index
@@ -41,6 +44,8 @@ READY_TIMEOUT = 120.0
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="refmount",
+        usage="%(prog)s [-f] [-d] [-o OPT[,OPT...]] SOURCE MOUNTPOINT\n"
+              "       %(prog)s --env [-f] [-d] [-o OPT[,OPT...]] MOUNTPOINT",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Mount a kerchunk reference set (Version 0/1 JSON, or a Parquet "
         "reference directory) as a read-only directory tree.",
@@ -51,9 +56,13 @@ def _parser() -> argparse.ArgumentParser:
         "Generic mount options (ro, nodev, nosuid, _netdev, noauto, x-systemd.*, ...) are "
         "accepted and ignored.\nUnmount with: fusermount3 -u MOUNTPOINT",
     )
-    p.add_argument("source", metavar="SOURCE", help="reference set: local path or fsspec URL "
-                   "(.gz/.bz2/.xz/.zst compression inferred from the name)")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing directory")
+    p.add_argument("source", metavar="SOURCE", nargs="?", help="reference set: local path or "
+                   "fsspec URL (.gz/.bz2/.xz/.zst compression inferred from the name)")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", nargs="?", help="an existing directory")
+    p.add_argument("--env", action="store_true",
+                   help=f"take SOURCE from ${ENV_SOURCE} and mount options from ${ENV_OPTIONS} "
+                   "(then give only MOUNTPOINT): nothing of the configuration on the command "
+                   "line, which every user can read")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
                    help="mount options, see below")
     p.add_argument("-f", "--foreground", action="store_true",
@@ -64,12 +73,25 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> MountConfig:
-    source = args.source
+def config_from_args(args: argparse.Namespace,
+                     environ: MutableMapping[str, str] = os.environ) -> MountConfig:
+    """The mount's configuration from the command line; with ``--env``, SOURCE and the options
+    from ``environ`` first (taken out of it: the processes started later get the configuration
+    on stdin), then the command line's ``-o`` options."""
+    source, mountpoint, options = args.source, args.mountpoint, []
+    if getattr(args, "env", False):
+        if mountpoint is not None:
+            raise ConfigError(f"with --env, give only MOUNTPOINT: SOURCE is ${ENV_SOURCE}")
+        mountpoint = source
+        source, options = take_configuration(environ)
+        if source is None:
+            raise ConfigError(f"--env: ${ENV_SOURCE} is not set (the reference set to mount)")
+    if source is None or mountpoint is None:
+        raise ConfigError("SOURCE and MOUNTPOINT are required (see refmount --help)")
     if is_local(source):  # the daemon runs in "/": a local SOURCE is made absolute here
         source = os.path.abspath(local_path(source))
-    cfg = MountConfig(source=source, mountpoint=os.path.abspath(args.mountpoint))
-    apply_options(cfg, [o for group in args.options for o in split_options(group)])
+    cfg = MountConfig(source=source, mountpoint=os.path.abspath(mountpoint))
+    apply_options(cfg, options + [o for group in args.options for o in split_options(group)])
     if args.debug:
         cfg.debug = True
         cfg.log_level = "debug"
@@ -129,16 +151,23 @@ def _run_tool(command: str, argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, credentials_warning: str | None = None) -> int:
+    """The CLI. ``credentials_warning``: what ``cmdline.hide_credentials`` returned when the
+    refmount command (``__main__.py``) called it first; called here otherwise."""
+    if argv is None and credentials_warning is None:
+        credentials_warning = hide_credentials()
     argv = sys.argv[1:] if argv is None else argv
+    ignore_user_signals()
     try:
         if argv and argv[0] in SUBCOMMANDS:
             _stderr_warnings()
+            if credentials_warning:
+                print(credentials_warning, file=sys.stderr)
             return _run_tool(argv[0], argv[1:])
         if argv and (hint := _mistyped_command(argv[0])):
             return _fail(hint)
         args = _parser().parse_args(argv)
-        return _run(args)
+        return _run(args, credentials_warning)
     except (ReferenceSetError, ConfigError, RuntimeError) as e:
         return _fail(str(e))
     except BrokenPipeError:
@@ -159,7 +188,7 @@ def _mistyped_command(word: str) -> str | None:
     return f"unknown command {word!r}{hint}" if hint else None
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(args: argparse.Namespace, credentials_warning: str | None = None) -> int:
     try:
         cfg = config_from_args(args)
     except ConfigError as e:
@@ -167,7 +196,7 @@ def _run(args: argparse.Namespace) -> int:
     # Until the daemon takes over, warnings (e.g. skipped keys) go to stderr.
     _stderr_warnings()
     if cfg.foreground:
-        return _run_foreground(cfg)
+        return _run_foreground(cfg, credentials_warning)
     launcher = None
     index_file: IndexFile | None = None
     try:
@@ -190,10 +219,13 @@ def _run(args: argparse.Namespace) -> int:
         if isinstance(e, MemoryError):
             return _fail(f"{cfg.source}: out of memory while indexing the reference set")
         raise
-    return launcher.hand_over(cfg, index_file)
+    code = launcher.hand_over(cfg, index_file)
+    if code == 0 and credentials_warning:
+        print(credentials_warning, file=sys.stderr)
+    return code
 
 
-def _run_foreground(cfg: MountConfig) -> int:
+def _run_foreground(cfg: MountConfig, credentials_warning: str | None = None) -> int:
     """``-f``: this process serves, from an index that a child process parsed (see
     indexer.py), so that it never holds the parser's heap."""
     from .indexer import Indexer, IndexerError
@@ -217,8 +249,13 @@ def _run_foreground(cfg: MountConfig) -> int:
     except IndexerError as e:
         return _fail(str(e))
     log_target = setup_logging(cfg, detached=False)
+
+    def ready() -> None:
+        if credentials_warning:
+            print(credentials_warning, file=sys.stderr, flush=True)
+
     try:
-        return serve(cfg, index_file, on_ready=lambda: None, log_target=log_target)
+        return serve(cfg, index_file, on_ready=ready, log_target=log_target)
     except MountError as e:
         return _fail(str(e))
     finally:

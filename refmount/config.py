@@ -426,6 +426,8 @@ OPTIONS: tuple[Option, ...] = (
            "rendering: at most 2 s)"),
     Option("max_record", Size(lo=1 << 20), 64 * 2**20,
            "most bytes a Parquet record file may decode to; a larger one gives EIO for its keys"),
+    Option("max_source", Size(lo=0), 2 * 2**30,
+           "most bytes of SOURCE read, after any decompression (0: no limit)"),
 )
 
 OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

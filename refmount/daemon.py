@@ -318,6 +318,7 @@ async def _main(cfg: MountConfig, mount: Mount, on_ready: Callable[[], None],
         mount.start(nursery, trim)
         nursery.start_soon(_fuse_main, cfg, nursery)
         nursery.start_soon(_stop_on_signal, nursery)
+        nursery.start_soon(_log_user_signals)
         # The mount answers once a stat from another thread comes back through our loop.
         st = await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
         set_kernel_readahead(st.st_dev, cfg.read_ahead_kb)
@@ -349,6 +350,13 @@ async def _stop_on_signal(nursery: trio.Nursery) -> None:
     nursery.cancel_scope.cancel()
 
 
+async def _log_user_signals() -> None:
+    """SIGUSR1 and SIGUSR2 are logged and otherwise ignored: the mount keeps serving."""
+    with trio.open_signal_receiver(*process.USER_SIGNALS) as signals:
+        async for signum in signals:
+            log.info("received %s: nothing to do, still serving", signal.Signals(signum).name)
+
+
 def set_kernel_readahead(dev: int, kb: int) -> None:
     """FUSE mounts get the kernel's default 128 KiB readahead; larger reads mean fewer
     round trips through the daemon. Only root may change it (best effort)."""
@@ -364,6 +372,7 @@ def set_kernel_readahead(dev: int, kb: int) -> None:
 
 def _detached_main() -> int:
     """Entry of the detached daemon: config on stdin, readiness on --ready-fd."""
+    process.ignore_user_signals()
     ready_fd = int(sys.argv[sys.argv.index("--ready-fd") + 1])
     text = sys.stdin.read()
     if not text:

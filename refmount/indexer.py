@@ -28,6 +28,7 @@ from typing import Any
 
 from .config import MountConfig
 from .errors import ConfigError, MountError
+from .process import ignore_user_signals
 from .refs import IndexFile, ReferenceSetError
 from .spawn import child_env, module_command
 
@@ -111,6 +112,7 @@ def main() -> int:
     from .policy import TargetRefused
 
     _die_with_parent()
+    ignore_user_signals()
     _stderr_warnings()
     report = sys.stdout
     sys.stdout = sys.stderr  # nothing but the report on the pipe

@@ -15,9 +15,11 @@ import ctypes
 import errno
 import functools
 import os
+import signal
 import stat
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 # asyncio receives at most 256 KiB per socket read, and for every read aiohttp's parser and
 # stream run a round of Python; reading up to 1 MiB at a time made cold sequential reads
@@ -55,6 +57,35 @@ def larger_socket_reads(size: int = RECV_SIZE) -> None:
     transport = getattr(asyncio.selector_events, "_SelectorSocketTransport", None)
     if transport is not None and getattr(transport, "max_size", 0) < size:
         transport.max_size = size
+
+
+# SIGUSR1 and SIGUSR2 end a process by default; ``systemctl kill -s USR1`` sends them to every
+# process of a unit. Every refmount process ignores them from its start; the serving process
+# then logs each one it receives (daemon.py).
+USER_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def ignore_user_signals() -> None:
+    """SIGUSR1 and SIGUSR2 do nothing to this process (ignored dispositions also pass to
+    the programs it starts)."""
+    for sig in USER_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def user_signals_ignored() -> Iterator[None]:
+    """SIGUSR1 and SIGUSR2 ignored while the block runs (on the main thread; elsewhere a
+    no-op), then their handlers restored: a program started in the block inherits the
+    ignored dispositions, so it is not killed by one before it has set its own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = [(sig, signal.signal(sig, signal.SIG_IGN)) for sig in USER_SIGNALS]
+    try:
+        yield
+    finally:
+        for sig, handler in saved:
+            signal.signal(sig, handler)
 
 
 def private_files() -> None:

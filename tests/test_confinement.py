@@ -21,13 +21,14 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 import pytest
 from support.confinement import as_nobody, mkdir_public, parquet_set, write_json
-from support.mounts import CLI, is_mounted, mount_entries, opts_arg, run_cli
+from support.mounts import CLI, fusermount_u, is_mounted, mount_entries, opts_arg, run_cli
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
@@ -377,3 +378,94 @@ def test_sentinel_secrets_never_appear(mount, mount_fails, srv, tmp_path, monkey
             _find_secrets(f"cmdline of pid {p.pid}", " ".join(p.info["cmdline"] or []), found)
     assert not found, "secrets leaked:\n" + "\n".join(dict.fromkeys(found))
 
+
+
+def _refmount_family(pid: int) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.Error):
+        p = psutil.Process(pid)
+        return [p, *p.children(recursive=True)]
+    return []
+
+
+def _cmdlines(procs: list[psutil.Process]) -> dict[int, bytes]:
+    seen = {}
+    for p in procs:
+        with contextlib.suppress(OSError):
+            seen[p.pid] = Path(f"/proc/{p.pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    return seen
+
+
+@pytest.mark.parametrize("how", ["service", "foreground-typed"])
+def test_sentinel_secrets_stay_off_every_command_line(mount, srv, tmp_path, how):
+    """SOURCE with user:password@, inline target_options and remote_options holding sentinel
+    secrets, mounted as refmount@.service does (``--env``: SOURCE and options in the
+    environment) and by hand with ``-f`` (all of it typed on the command line). The command
+    line of every refmount process — the serving one, the indexer while it parses, the cache
+    writer — is sampled from the start until the mount has served a read: the service's never
+    holds a secret; the typed one's holds none from the moment the CLI has masked it (one
+    warning says they were visible until then)."""
+    blob = bytes(range(256)) * 4
+    srv.put("data/ok.bin", blob)
+    # the indexer lives for its imports at least: long enough to be sampled
+    refs = {"ok": [srv.url_for("data/ok.bin"), 0, 100], "big": [srv.url_for("data/ok.bin")]}
+    srv.put("refs/s.json", json.dumps(refs).encode())
+    source = srv.url_for("refs/s.json", userinfo=f"src:{SECRETS['source_password']}")
+    target = {"headers": {"X-Source-Token": SECRETS["target_options"]}}
+    remote = {"client_kwargs": {"headers": {"Authorization": f"Bearer {SECRETS['remote_options']}"}}}
+    m = mount.track(source, f"target_options={json.dumps(target)}",
+                    f"remote_options={json.dumps(remote)}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REFMOUNT_")}
+    if how == "service":
+        env.update({"REFMOUNT_SOURCE": source, "REFMOUNT_OPTIONS": ",".join(m.opts)})
+        argv = [*CLI, "--env", str(m.path), "-f"]
+    else:
+        argv = [*CLI, source, str(m.path), "-f", *opts_arg(m.opts)]
+    err_path = tmp_path / "stderr"
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env)
+    m.procs.append(psutil.Process(proc.pid))
+    samples: list[tuple[float, dict[int, bytes]]] = []
+    masked_at = None  # the first sample whose CLI command line is masked
+    indexer_seen = writer_seen = False
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            family = _refmount_family(proc.pid)
+            lines = _cmdlines(family)
+            samples.append((time.monotonic(), lines))
+            if masked_at is None and b"***" in lines.get(proc.pid, b""):
+                masked_at = len(samples) - 1
+            indexer_seen |= any(b"refmount.indexer" in c for c in lines.values())
+            writer_seen |= any(b"refmount.cachewriter" in c for c in lines.values())
+            if writer_seen and is_mounted(m.path):
+                break
+            assert proc.poll() is None, err_path.read_text(errors="replace")
+            time.sleep(0.01)
+        assert (m / "ok").read_bytes() == blob[:100]
+        assert indexer_seen and writer_seen, "did not see the indexer and the cache writer"
+        found: list[str] = []
+        if how == "service":
+            checked = samples
+        else:
+            assert masked_at is not None, "the typed command line was never masked"
+            checked = samples[masked_at:]
+        for _t, lines in checked:
+            for pid, line in lines.items():
+                _find_secrets(f"/proc/{pid}/cmdline", line, found)
+        for p in _refmount_family(proc.pid)[1:]:  # children: nothing of it in the environment
+            with contextlib.suppress(OSError):
+                environ = Path(f"/proc/{p.pid}/environ").read_bytes().replace(b"\0", b"\n")
+                _find_secrets(f"/proc/{p.pid}/environ", environ, found)
+        stderr = err_path.read_text(errors="replace")
+        _find_secrets("stderr", stderr, found)
+        assert not found, "secrets on a command line:\n" + "\n".join(dict.fromkeys(found))
+        warned = "credentials on the command line" in stderr
+        assert warned == (how != "service"), stderr
+    finally:
+        if proc.poll() is None:
+            fusermount_u(m.path)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

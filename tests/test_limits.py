@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.faultserver import FaultServer
 from support.mounts import CLI, REPO, cli_env, daemon_procs, fusermount_u, is_mounted, wait_gone
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(400)]
@@ -70,7 +72,7 @@ print(json.dumps({"rc": rc, "stderr": err, "seconds": time.monotonic() - t,
 @dataclass
 class Input:
     name: str
-    source: Path
+    source: Path | str  # a file, or a URL
     expect: str  # "mount", "refuse" or "either"
     mention: tuple[str, ...] = ()  # words the refusal names (each, case-insensitive)
     check: Callable[[Path], None] | None = None  # content checks once mounted
@@ -695,15 +697,49 @@ def generated(d: Path, target: Path) -> list[Input]:
     return out
 
 
+# ---- transfer encodings, totals and repeated keys ---------------------------------------------------
+
+
+def encoding_bombs(d: Path, target: Path, srv: FaultServer) -> list[Input]:
+    """SOURCE over HTTP answered with a ``Content-Encoding`` (honest ones mount; a bomb is
+    refused by max_ratio, or by max_source without a ratio limit; an encoding refmount does not
+    decode is refused), SOURCE over max_source, and a .gz of repeated keys."""
+    inputs: list[Input] = []
+    small = json.dumps({"k": "hello", "t": [str(target), 0, 16]}).encode()
+    for enc, compress in (("gzip", gzip.compress), ("deflate", zlib.compress),
+                          ("x-gzip", gzip.compress)):
+        url = srv.put(f"enc/{enc}.json", compress(small))
+        srv.add_fault(url, "encoded", times=None, encoding=enc, methods=("GET", "HEAD"))
+        inputs.append(Input(f"http-{enc}-encoded-set", url, "mount", check=all_of(
+            same_bytes("k", b"hello"), same_bytes("t", TARGET[:16]))))
+    bomb = srv.put("enc/bomb.json", bomb_members(lambda b: gzip.compress(b, 1)))
+    srv.add_fault(bomb, "encoded", times=None, methods=("GET", "HEAD"))
+    inputs.append(Input("http-gzip-encoding-bomb", bomb, "refuse", ("max_ratio=200",)))
+    inputs.append(Input("http-gzip-encoding-bomb-no-ratio-limit", bomb, "refuse",
+                        ("max_source=64M",), opts=("max_ratio=0", "max_source=64M")))
+    brotli = srv.put("enc/br.json", b"\x1b\x03\x00\xf8\xa5\x04")
+    srv.add_fault(brotli, "encoded", times=None, encoding="br", methods=("GET", "HEAD"))
+    inputs.append(Input("http-br-encoding", brotli, "refuse", ("Content-Encoding", "'br'")))
+    plain = write(d / "over-source.json", {f"k{i}": "v" * 100 for i in range(30_000)})
+    inputs.append(Input("over-max_source", plain, "refuse", ("max_source=1M",),
+                        opts=("max_source=1M",)))
+    with gzip.open(d / "repeated.json.gz", "wb", compresslevel=1) as f:  # 8 MiB of one key
+        f.write(b'{"r/k": "first"' + b', "r/k": "again"' * (MiB // 2) + b', "r/k": "last"}')
+    inputs.append(Input("gz-repeated-keys", d / "repeated.json.gz", "mount",
+                        check=all_of(same_bytes("r/k", b"last"),
+                                     holds("one key", lambda m: os.listdir(m / "r") == ["k"]))))
+    return inputs
+
+
 # ---- the harness ------------------------------------------------------------------------------------
 
 
-def test_hostile_inputs_end_within_bounds(tmp_path, capsys):
+def test_hostile_inputs_end_within_bounds(tmp_path, capsys, srv):
     target = write(tmp_path / "data" / "target.bin", TARGET)
     d = tmp_path / "inputs"
     d.mkdir()
     inputs = (hand_made(d, target) + damaged(d, target) + generated(d, target)
-              + amplifiers(d, target) + parquet_bombs(d, target))
+              + amplifiers(d, target) + parquet_bombs(d, target) + encoding_bombs(d, target, srv))
     names = [i.name for i in inputs]
     assert len(set(names)) == len(names)
     lock = threading.Lock()

@@ -3,6 +3,7 @@ signals end the daemon, -f stays in the foreground, compressed and http sources,
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -312,3 +313,59 @@ def test_index_directory_keeps_the_newest_index_of_each_source(mount, tmp_path):
     assert len(indexes) == 2, indexes  # the newest of refs.json, and other.json's
     assert (live / "v").read_text() == "version 0"
     assert sorted(os.listdir(live.path)) == ["pad", "v"]
+def test_sigusr1_and_sigusr2_keep_the_mount_serving(mount, datasets):
+    """SIGUSR1 and SIGUSR2 (``systemctl kill -s USR1`` signals every process of the unit) are
+    logged and change nothing: the daemon and its cache writer stay, the mount keeps serving."""
+    m = mount(datasets.refs["hand_local"])
+    assert (m / "a/top").read_bytes() == b"top"
+    [daemon] = m.procs
+    deadline = time.monotonic() + 10
+    while not daemon.children() and time.monotonic() < deadline:  # the cache writer, after READY
+        time.sleep(0.05)
+    family = [daemon, *daemon.children(recursive=True)]
+    assert len(family) >= 2, "no cache writer to signal"
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGUSR1):
+        for p in family:
+            p.send_signal(sig)
+        time.sleep(0.3)
+    assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family)
+    assert (m / "a/top").read_bytes() == b"top"
+    assert os.listdir(m.path)
+    log = m.log_text()
+    assert "SIGUSR1" in log and "SIGUSR2" in log, log
+
+
+def test_sigusr1_during_foreground_start_up_is_harmless(mount, datasets):
+    """``refmount -f`` signalled with SIGUSR1/SIGUSR2 right after it starts (before it mounts,
+    while the indexer parses) and again while serving: it mounts and serves."""
+    m = mount.track(datasets.refs["hand_local"])
+    argv = [*CLI, str(datasets.refs["hand_local"]), str(m.path), "-f", *opts_arg(m.opts)]
+    err_path = m.log.with_suffix(".stderr")
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                cwd=REPO, env=cli_env())
+    m.procs.append(psutil.Process(proc.pid))
+    try:
+        cli = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 30
+        while not cli.children() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # the CLI runs: its indexer has started
+        for p in [cli, *cli.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGUSR1)
+                p.send_signal(signal.SIGUSR2)
+        wait_mounted(m.path, proc)
+        assert (m / "a/top").read_bytes() == b"top"
+        proc.send_signal(signal.SIGUSR1)
+        proc.send_signal(signal.SIGUSR2)
+        time.sleep(0.3)
+        assert proc.poll() is None, err_path.read_text(errors="replace")
+        assert (m / "a/top").read_bytes() == b"top"
+    finally:
+        if proc.poll() is None:
+            fusermount_u(m.path)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

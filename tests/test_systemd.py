@@ -241,7 +241,8 @@ def test_service_settings():
     assert one("Type") == "notify"
     assert one("NotifyAccess") == "main"
     assert one("EnvironmentFile") == "/etc/refmount/%i.conf"
-    assert one("ExecStart") == "/usr/local/bin/refmount ${REFMOUNT_SOURCE} %f -f -o ${REFMOUNT_OPTIONS}"
+    # SOURCE and the options reach refmount in its environment, never on its command line
+    assert one("ExecStart") == "/usr/local/bin/refmount --env %f -f"
     assert "-/usr/bin/fusermount3 -uz %f" in unit_values(unit, "Service", "ExecStartPre")
     assert one("Restart") == "on-failure"
     assert one("KillSignal") == "SIGTERM"
@@ -335,13 +336,13 @@ def test_service_commands_as_systemd_runs_them(mount, hand, installed, tmp_path)
 
     [start] = unit_values(unit, "Service", "ExecStart")
     argv, _ = expand_command(start, spec, env)
-    assert argv[:3] == ["/usr/local/bin/refmount", str(hand.path), str(mnt)]
+    assert argv == ["/usr/local/bin/refmount", "--env", str(mnt), "-f"]
     argv = under_syscall_filter(argv, allowed, tmp_path)
     notify = NotifySocket(short_dir(tmp_path), stat_on_receipt=mnt)
     err = tmp_path / "service.stderr"
     with open(err, "wb") as f:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=f,
-                                env=notify.env(service_env))
+                                env=notify.env({**service_env, **env}))
     m.procs.append(psutil.Process(proc.pid))
     try:
         ready = notify.wait_for("READY", timeout=60, alive=proc)

@@ -49,6 +49,19 @@ SCHEMA = pa.schema(
 )
 
 
+def _last_of_each_key(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The batch without the earlier values of a key it holds more than once (the last one
+    read wins, as in a JSON object): a set repeating keys costs memory for its distinct keys
+    only, not for every repetition until ``finish``. A hash count per batch; the grouping runs
+    only when there are repeats."""
+    keys = batch.column(0)
+    if pc.count_distinct(keys).as_py() == batch.num_rows:
+        return batch
+    rows = pa.table({"key": keys, "row": pa.array(np.arange(batch.num_rows))})
+    last = rows.group_by("key", use_threads=False).aggregate([("row", "max")])["row_max"]
+    return batch.take(pa.array(np.sort(last.to_numpy())))  # in the order they were read
+
+
 def _short(key: str) -> str:
     return repr(key if len(key) <= 80 else key[:77] + "...")
 
@@ -251,7 +264,7 @@ class IndexBuilder:
         except (pa.ArrowInvalid, UnicodeEncodeError):
             bad = next(k for k in self._keys if not _encodable(k))
             raise ReferenceSetError(f"key {bad!r} is not valid Unicode text") from None
-        self._batches.append(
+        self._batches.append(_last_of_each_key(
             pa.record_batch(
                 [
                     keys,
@@ -263,7 +276,7 @@ class IndexBuilder:
                 ],
                 names=["key", "kind", "url", "offset", "length", "data"],
             )
-        )
+        ))
         for column in (self._keys, self._kinds, self._urls, self._offs, self._lens, self._data):
             column.clear()
 

@@ -146,7 +146,8 @@ def build_index(source: str, target_options: dict, bad_keys: str = "error",
                 limits: Limits = DEFAULT_LIMITS) -> IndexBuilder:
     """Parse SOURCE into an IndexBuilder (not yet sorted or validated)."""
     def opener():
-        return open_source(source, target_options, limits.max_ratio, limits.source_timeout)
+        return open_source(source, target_options, limits.max_ratio, limits.source_timeout,
+                           limits.max_source)
 
     def watched():
         return SurrogateWatch(opener())

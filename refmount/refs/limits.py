@@ -4,10 +4,11 @@ Three guards, each cheap next to the parsing it protects:
 
 * :class:`Limits` — the configured bounds (mount options ``max_inline``, ``max_ratio``,
   ``max_key_depth``, ``max_key_length``, ``max_nesting``, ``max_keys``,
-  ``max_template_seconds``, ``max_record``).
-* :class:`ExpansionGuard` — wraps a decompressing stream and refuses SOURCE as soon as it has
-  expanded more than ``max_ratio`` times the compressed bytes read so far (a gzip, bz2, xz or
-  zstd bomb is stopped while it streams).
+  ``max_template_seconds``, ``max_record``, ``max_source``).
+* :class:`ExpansionGuard` — wraps SOURCE's stream and refuses it as soon as it has expanded
+  more than ``max_ratio`` times the bytes taken from the storage so far (a gzip, bz2, xz or
+  zstd bomb, by name or as an HTTP ``Content-Encoding``, is stopped while it streams), or
+  has yielded more than ``max_source`` bytes in all.
 * :class:`JsonReader` — hands a JSON stream to ijson in chunks chosen here, and scans each
   chunk (numpy, no Python loop per byte) for the nesting depth and the length of the token
   being read.
@@ -47,6 +48,7 @@ class Limits:
     max_keys: int = 20_000_000  # keys of a JSON set, gen products included
     max_template_seconds: float = 10.0  # CPU seconds of all template renderings of a set
     max_record: int = 64 << 20  # bytes a Parquet record file may decode to
+    max_source: int = 2 << 30  # bytes of SOURCE read, after any decompression (0: no limit)
     # seconds a remote SOURCE may take to answer one open or read (not part of what the
     # index is built under: excluded from comparison and repr)
     source_timeout: float | None = field(default=None, compare=False, repr=False)
@@ -56,7 +58,7 @@ class Limits:
         return cls(cfg.max_inline, cfg.max_ratio, cfg.max_key_depth, cfg.max_key_length,
                    cfg.max_nesting, max_keys=cfg.max_keys,
                    max_template_seconds=cfg.max_template_seconds, max_record=cfg.max_record,
-                   source_timeout=cfg.timeout)
+                   max_source=cfg.max_source, source_timeout=cfg.timeout)
 
     @property
     def max_token(self) -> int:
@@ -99,18 +101,22 @@ class CountingReader:
 
 
 class ExpansionGuard:
-    """A decompressed SOURCE that may expand at most ``max_ratio`` times the compressed
-    bytes read so far (beyond EXPANSION_FLOOR); reads are bounded pieces, so a bomb is
-    refused after a few milliseconds of decompression, not after the whole of it."""
+    """A SOURCE stream that may expand at most ``max_ratio`` times the bytes taken from the
+    storage so far (beyond EXPANSION_FLOOR: ``counter`` counts them under every decoder, the
+    name's compression and an HTTP ``Content-Encoding`` alike) and yield at most ``max_bytes``
+    in all (0: no limit). Reads are bounded pieces, so a bomb is refused after a few
+    milliseconds of decompression, not after the whole of it. A plain stream is guarded with
+    ``max_ratio=0``: only its total counts."""
 
     PIECE = 1 << 20
 
     def __init__(self, stream: IO[bytes], counter: CountingReader, name: str, max_ratio: int,
-                 close: Callable[[], None]) -> None:
+                 close: Callable[[], None], max_bytes: int = 0) -> None:
         self._stream = stream
         self._counter = counter
         self._name = name
         self._max_ratio = max_ratio
+        self._max_bytes = max_bytes
         self._close = close
         self.out = 0
 
@@ -129,6 +135,11 @@ class ExpansionGuard:
 
     def _count(self, size: int) -> None:
         self.out += size
+        if self._max_bytes and self.out > self._max_bytes:
+            raise ReferenceSetError(
+                f"{self._name}: more than {self._max_bytes:,} bytes to parse (limit "
+                f"max_source={size_text(self._max_bytes)}; a set this large is better served "
+                "as Parquet references)")
         if self._max_ratio and self.out > EXPANSION_FLOOR and (
             self.out > self._max_ratio * max(self._counter.count, 1)
         ):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import zlib
 from typing import IO, Any
 
 import fsspec
@@ -12,29 +13,41 @@ from fsspec.compression import compr
 from fsspec.core import url_to_fs
 
 from ..urlenv import environment_identity
-from ..urls import is_local
+from ..urls import is_chained, is_local, protocol
 from .deadline import SourceTimeout, TimedStream, connection_problem, within
 from .limits import CountingReader, ExpansionGuard, Limits
 from .model import ReferenceSetError
 
+# An HTTP(S) SOURCE is read with aiohttp's transparent decoding off: a body sent with
+# ``Content-Encoding`` is decoded here, under the same ExpansionGuard as a compressed name, with
+# the bytes on the wire as the measure of its ratio.
+HTTP_PROTOCOLS = frozenset({"http", "https"})
+ACCEPT_ENCODING = "gzip, deflate"
+
 
 def open_source(source: str, target_options: dict[str, Any], max_ratio: int = Limits.max_ratio,
-                timeout: float | None = None) -> IO[bytes]:
-    """A binary stream of the refs file, decompressed when the name says .gz/.zst/...;
-    a compressed one may expand at most ``max_ratio`` times (see ExpansionGuard). For a
-    SOURCE that is not a local file, opening it and each read end within ``timeout``."""
+                timeout: float | None = None, max_bytes: int = Limits.max_source) -> IO[bytes]:
+    """A binary stream of the refs file, decompressed when the name says .gz/.zst/... or an
+    HTTP answer says ``Content-Encoding``: a compressed one may expand at most ``max_ratio``
+    times the bytes read from the storage, and any yields at most ``max_bytes`` (see
+    ExpansionGuard). For a SOURCE that is not a local file, opening it and each read end
+    within ``timeout``."""
     if is_local(source):
         timeout = None
     try:
-        of = fsspec.open(source, "rb", compression="infer", **target_options)
-        if of.compression is None:
-            f = within(timeout, source, of.open)
-            return f if timeout is None else TimedStream(f, timeout, source)  # type: ignore[return-value]
-        raw = within(timeout, source, of.fs.open, of.path, "rb")
-        if timeout is not None:
-            raw = TimedStream(raw, timeout, source)
+        http = protocol(source) in HTTP_PROTOCOLS and not is_chained(source)
+        options = _http_options(target_options) if http else target_options
+        of = fsspec.open(source, "rb", compression="infer", **options)
+        opened = within(timeout, source, of.fs.open, of.path, "rb")
+        raw = opened if timeout is None else TimedStream(opened, timeout, source)
         counter = CountingReader(raw)
-        stream = compr[of.compression](counter, mode="r")
+        stream: IO[bytes] = counter  # type: ignore[assignment]
+        encoding = _content_encoding(opened) if http else "identity"
+        if encoding != "identity":
+            stream = _decoder(source, encoding, stream)
+        if of.compression is not None:
+            stream = compr[of.compression](stream, mode="r")
+        compressed = encoding != "identity" or of.compression is not None
 
         def close() -> None:
             try:
@@ -42,7 +55,10 @@ def open_source(source: str, target_options: dict[str, Any], max_ratio: int = Li
             finally:
                 raw.close()
 
-        return ExpansionGuard(stream, counter, source, max_ratio, close)  # type: ignore[return-value]
+        return ExpansionGuard(stream, counter, source, max_ratio if compressed else 0, close,  # type: ignore[return-value]
+                              max_bytes)
+    except ReferenceSetError:
+        raise
     except FileNotFoundError as e:
         problem = connection_problem(e)
         raise ReferenceSetError(f"{source}: {problem or 'no such file'}") from None
@@ -59,6 +75,74 @@ def open_source(source: str, target_options: dict[str, Any], max_ratio: int = Li
     except OSError as e:
         problem = connection_problem(e)
         raise ReferenceSetError(f"{source}: {problem or f'cannot open ({e})'}") from None
+
+
+def _http_options(target_options: dict[str, Any]) -> dict[str, Any]:
+    """fsspec's HTTP options for reading SOURCE: one streaming GET (no ranges), aiohttp's
+    decoding off, and the encodings refmount decodes itself asked for (unless the user's
+    ``headers`` name their own)."""
+    options = dict(target_options)
+    options["client_kwargs"] = {**(options.get("client_kwargs") or {}), "auto_decompress": False}
+    headers = dict(options.get("headers") or {})
+    if not any(k.lower() == "accept-encoding" for k in headers):
+        headers["Accept-Encoding"] = ACCEPT_ENCODING
+    options["headers"] = headers
+    options["block_size"] = 0  # a stream: the parse reads SOURCE once, in order
+    return options
+
+
+def _content_encoding(raw: Any) -> str:
+    """The ``Content-Encoding`` of the answer behind fsspec's HTTP stream (``identity`` when
+    there is none), lower case."""
+    response = getattr(raw, "r", None)
+    headers = getattr(response, "headers", None) or {}
+    return (headers.get("Content-Encoding") or "identity").strip().lower() or "identity"
+
+
+def _decoder(source: str, encoding: str, stream: IO[bytes]) -> IO[bytes]:
+    if encoding in ("gzip", "x-gzip"):
+        return compr["gzip"](stream, mode="r")
+    if encoding == "zstd":
+        return compr["zstd"](stream, mode="r")
+    if encoding == "deflate":
+        return Inflating(stream)  # type: ignore[return-value]
+    raise ReferenceSetError(
+        f"{source}: the server answered with Content-Encoding {encoding!r}, which refmount "
+        f"does not decode (it asks for {ACCEPT_ENCODING} or none)")
+
+
+class Inflating:
+    """HTTP ``deflate``: a zlib stream (or, from servers that get it wrong, raw deflate),
+    inflated at most ``n`` bytes per ``read(n)``."""
+
+    PIECE = 64 << 10
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self._inflate: Any = None
+        self._tail = b""  # input not inflated yet (the last read's output was full)
+        self._ended = False
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            return b"".join(iter(lambda: self.read(1 << 20), b""))
+        while n and not self._ended:
+            data, self._tail = self._tail or self._stream.read(self.PIECE), b""
+            if not data:
+                self._ended = True
+                return self._inflate.flush() if self._inflate is not None else b""
+            if self._inflate is None:  # a zlib header: method 8, header a multiple of 31
+                zlib_header = len(data) < 2 or (data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0)
+                self._inflate = zlib.decompressobj(zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS)
+            out = self._inflate.decompress(data, n)
+            self._tail = self._inflate.unconsumed_tail
+            if out:
+                return out
+            self._ended = self._inflate.eof
+        return b""
+
+    def close(self) -> None:
+        self._stream.close()
 
 
 def source_identity(source: str, target_options: dict[str, Any], salt: str,

@@ -26,6 +26,10 @@
                    body that never ends (until the client hangs up, ``seconds`` pass or
                    ``stop()``); ``Request.sent`` counts the body bytes written
 
+  ``encoded``      the file's bytes as stored, labelled ``Content-Encoding: <encoding>`` (a
+                   gzip file served as a gzip-encoded transfer of what it holds; a bomb stays
+                   a few bytes on disk); with ``methods=("GET", "HEAD")`` HEAD says so too
+
   Faults apply to ``GET`` unless ``methods`` says otherwise.
 * Every request is recorded (:class:`Request`: time, method, path, query, headers, status,
   fault); ``count(path)`` counts them per path.
@@ -51,7 +55,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 FAULT_KINDS = ("status", "drop", "short", "extra", "ignore_range", "wrong_range", "stall",
-               "stall_body", "delay", "endless")
+               "stall_body", "delay", "endless", "encoded")
 MAX_STALL = 120.0  # no stall lasts longer than this, whatever the test asks
 
 
@@ -64,6 +68,7 @@ class Fault:
     extra: int = 16  # bytes added by "extra"
     shift: int = 1  # offset added by "wrong_range"
     seconds: float = 30.0  # length of "stall" / "stall_body"
+    encoding: str = "gzip"  # the Content-Encoding of "encoded"
     methods: tuple[str, ...] = ("GET",)
     used: int = 0
 
@@ -171,9 +176,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         data = file.read_bytes()
         size = len(data)
+        encoded = {"Content-Encoding": fault.encoding} if fault and fault.kind == "encoded" else {}
         if head:
             self._send(rec, 200, {"Content-Length": str(size), "Accept-Ranges": "bytes",
-                                  "Content-Type": "application/octet-stream"}, head=True)
+                                  "Content-Type": "application/octet-stream", **encoded}, head=True)
             return
 
         start, end = 0, size  # [start, end)
@@ -204,7 +210,7 @@ class _Handler(BaseHTTPRequestHandler):
             # more than asked: the following bytes of the file, padded past its end
             body += data[end : end + fault.extra].ljust(fault.extra, b"X")
             end = start + len(body)
-        headers = {"Content-Type": "application/octet-stream", "Accept-Ranges": "bytes"}
+        headers = {"Content-Type": "application/octet-stream", "Accept-Ranges": "bytes", **encoded}
         status = 206 if partial else 200
         if partial:
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"

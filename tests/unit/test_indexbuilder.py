@@ -199,3 +199,29 @@ def test_generated_columns_join_the_index() -> None:
     }
     with pytest.raises(ReferenceSetError, match="negative"):
         b.add_columns(keys, pa.array(["s3://a", "s3://b"]), np.array([0, -1]), np.array([1, 1]), "gen")
+
+
+def test_repeated_keys_are_not_held_until_the_end() -> None:
+    """A set that repeats a few keys (a decompression bomb of duplicates) holds about one row
+    per distinct key and batch while it is read, not one per repetition; the last value of
+    each key still wins, across batches and within one."""
+    n = 300_000
+    b = IndexBuilder()
+    b.add_items((f"k{i % 3}", [f"s3://b/{i}", i, 1]) for i in range(n))
+    b.add_value("k1", "inline wins")
+    assert len(b) < 70_000, len(b)  # the batch being filled, and 3 rows per batch before it
+    index = KeyIndex(b.finish())
+    refs = {k.decode(): r for k, r in index.iter_refs()}
+    assert refs == {"k0": as_ref([f"s3://b/{n - 3}", n - 3, 1]),
+                    "k1": as_ref("inline wins"),
+                    "k2": as_ref([f"s3://b/{n - 1}", n - 1, 1])}
+
+
+def test_repeats_within_a_batch_keep_the_last_value_in_reading_order() -> None:
+    b = IndexBuilder()
+    pairs = [(f"d/{i % 1000}", [f"u{i}", i, 2]) for i in range(70_000)]  # > one batch
+    b.add_items(pairs)
+    index = KeyIndex(b.finish())
+    expected = dict(pairs)
+    assert {k.decode(): r for k, r in index.iter_refs()} == {k: as_ref(v)
+                                                            for k, v in expected.items()}

@@ -8,6 +8,7 @@ import gzip
 import io
 import itertools
 import json
+import zlib
 
 import ijson
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from refmount.refs import ReferenceSetError, build_index
 from refmount.refs.limits import CHUNK, JsonReader, Limits, _Scanner
+from refmount.refs.source import Inflating
 
 LEAF = st.one_of(st.none(), st.booleans(), st.integers(), st.text(alphabet='ab"\\[]{}\n ,:é',
                                                                   max_size=12))
@@ -102,3 +104,35 @@ def test_gzip_bomb_is_refused_after_the_floor(tmp_path):
     with pytest.raises(ReferenceSetError, match=r"max_ratio=200") as info:
         build_index(str(src), {})
     assert "times its compressed size" in str(info.value)
+
+
+def test_max_source_bounds_a_plain_source_while_it_streams(tmp_path):
+    src = tmp_path / "big.json"
+    src.write_text(json.dumps({f"k{i}": "x" * 100 for i in range(30_000)}))  # ~3.4 MB
+    with pytest.raises(ReferenceSetError, match=r"max_source=1M"):
+        build_index(str(src), {}, limits=Limits(max_source=1 << 20))
+    assert len(build_index(str(src), {}, limits=Limits(max_source=4 << 20)).finish()) == 30_000
+    assert len(build_index(str(src), {}, limits=Limits(max_source=0)).finish()) == 30_000
+
+
+def test_max_source_counts_decompressed_bytes(tmp_path):
+    src = tmp_path / "big.json.gz"
+    src.write_bytes(gzip.compress(json.dumps({f"k{i}": "x" * 100 for i in range(30_000)}).encode()))
+    assert src.stat().st_size < 1 << 20
+    with pytest.raises(ReferenceSetError, match=r"max_source=2M"):
+        build_index(str(src), {}, limits=Limits(max_source=2 << 20))
+
+
+@pytest.mark.parametrize("wrap", ["zlib", "raw"])
+def test_http_deflate_inflates_in_bounded_reads(wrap):
+    data = json.dumps({f"k{i}": i for i in range(50_000)}).encode()
+    packed = zlib.compress(data, 9)
+    if wrap == "raw":  # servers that send raw deflate for "deflate"
+        packed = packed[2:-4]
+    stream = Inflating(io.BytesIO(packed))
+    out = []
+    while piece := stream.read(1000):
+        assert len(piece) <= 1000
+        out.append(piece)
+    assert b"".join(out) == data
+    assert Inflating(io.BytesIO(packed)).read() == data

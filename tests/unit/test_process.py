@@ -77,3 +77,28 @@ def test_private_dir_and_file_close_ours_and_refuse_others(tmp_path) -> None:
         assert why in message and str(path) in message and "\n" not in message, message
         assert "choose another cache_dir" in message
     assert (mode(shared), mode(group), os.stat(theirs).st_uid) == (0o1777, 0o770, 65534)
+
+
+def test_programs_started_with_user_signals_ignored_inherit_it():
+    """A child started in ``user_signals_ignored`` is not killed by SIGUSR1 before it could
+    set a handler; the parent's own handler is back afterwards."""
+    import signal
+    import subprocess
+    import sys
+
+    from refmount.process import user_signals_ignored
+
+    def mine(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGUSR1, mine)
+    try:
+        code = ("import signal as s; "
+                "print(int(s.getsignal(s.SIGUSR1)), int(s.getsignal(s.SIGUSR2)))")
+        with user_signals_ignored():
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               timeout=30)
+        assert r.stdout.split() == [str(int(signal.SIG_IGN))] * 2, r.stderr
+        assert signal.getsignal(signal.SIGUSR1) is mine
+    finally:
+        signal.signal(signal.SIGUSR1, before)
