@@ -280,8 +280,14 @@ class IndexBuilder:
         for column in (self._keys, self._kinds, self._urls, self._offs, self._lens, self._data):
             column.clear()
 
-    def __len__(self) -> int:
+    @property
+    def keys_read(self) -> int:
+        """Keys added so far, a repeated key counted each time (what ``max_keys`` bounds)."""
         return self._rows + len(self._keys)
+
+    def __len__(self) -> int:
+        """Rows held so far: repeats of a key within a finished batch are already dropped."""
+        return sum(b.num_rows for b in self._batches) + len(self._keys)
 
     def finish(self) -> pa.Table:
         """Sort, de-duplicate (last value wins, as in a JSON object), validate keys."""

@@ -530,7 +530,7 @@ def read_v1(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any 
                 raise _json_error(name, e) from None
         if n == 0:  # kvitems yields nothing for a 'refs' that is not an object: say so
             _refs_must_be_an_object(open_stream, name, backend, limits)
-        check_key_count(name, entries, len(builder), limits.max_keys)
+        check_key_count(name, entries, builder.keys_read, limits.max_keys)
         for entry in entries:
             entry.expand(builder)
 
