@@ -51,7 +51,8 @@ def setup_logging(cfg: MountConfig, detached: bool) -> str:
     handler: logging.Handler
     if target == "syslog" and not os.path.exists("/dev/log"):
         process.private_dir(os.path.join(cfg.cache_dir, "log"))
-        name = cfg.mountpoint.strip("/").replace("/", "_") or "root"
+        where = cfg.mountpoint or f"serve-{cfg.listen}"  # refmount serve has no mountpoint
+        name = where.strip("/").replace("/", "_").replace(":", "_") or "root"
         target = os.path.join(cfg.cache_dir, "log", f"{name}.log")
     if target == "stderr":
         handler = logging.StreamHandler(sys.stderr)

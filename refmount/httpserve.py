@@ -1,0 +1,451 @@
+"""The HTTP front end: translate HTTP requests into the core's calls, its errors into statuses.
+
+A request's path is looked up in the set's tree (``core.SetCore``); a file is answered from
+the reader (or, for a decoded chunk, the decoder), a directory with a listing
+(``listing.py``). Range parsing (``httprange.py``), validators (``validators.py``), listings,
+consolidated metadata (``consolidated.py``) and CORS (``cors.py``) are modules of their own;
+nothing here parses, fetches, caches or decodes.
+
+The server is aiohttp's low-level server on the asyncio loop trio runs as a guest of
+(``guestloop``): each request is an asyncio task, which calls the core in trio through
+``triocall.TrioCaller``.
+
+What a response promises (docs/semantics.md, "The HTTP view"):
+
+* sizes (``Content-Length``, ``HEAD``) come from the index, as ``st_size`` does in a mount:
+  a ``HEAD`` fetches nothing (a whole-file target not yet measured is measured);
+* never wrong bytes: a target that fails before the headers are sent is ``502`` (``504``
+  when it timed out); one that fails after is an aborted connection, never a clean short
+  body;
+* a client that reads nothing for ``client_timeout`` is disconnected: a response is written
+  in pieces of ``WRITE_PIECE`` bytes, each waiting for the client to take the previous ones,
+  so a slow client holds at most about one piece of memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from aiohttp import web, web_server
+from aiohttp.web_request import BaseRequest
+
+from .core import SetCore
+from .cors import cors_headers, preflight_headers
+from .decoded import DecodedArray
+from .errors import FetchError, ReadError
+from .httprange import RangeNotSatisfiable, content_range, if_range_matches, parse_range, unsatisfied_range
+from .reader import ReadState
+from .refs import Ref, RefKind
+from .tree import Node
+from .triocall import TrioCaller, TrioGone
+from .validators import etag_for, is_not_modified, last_modified, ref_parts
+
+log = logging.getLogger(__name__)
+
+__all__ = ["STATS_PATH", "HttpFrontEnd", "ServerStats"]
+
+READ_PIECE = 1 << 20  # bytes asked of the reader at a time
+WRITE_PIECE = 1 << 18  # bytes handed to the transport at a time (a slow client holds ~this)
+STATS_PATH = "/.refmount/stats"  # the server's counters (JSON); never a key of the set
+ALLOWED = "GET, HEAD, OPTIONS"
+METADATA_NAMES = (".zarray", ".zattrs", ".zgroup")
+
+
+@dataclass
+class ServerStats:
+    """The HTTP server's own counters (the core's are in ``core.stats``)."""
+
+    http_requests: int = 0
+    http_bytes_sent: int = 0
+    http_status: dict[str, int] = field(default_factory=dict)  # "200" -> count
+    http_aborted: int = 0  # responses cut off after their headers (target failed, client slow)
+    http_connections: int = 0  # open now
+    http_refused: int = 0  # connections over max_clients, answered 503
+
+    def count(self, status: int) -> None:
+        key = str(status)
+        self.http_status[key] = self.http_status.get(key, 0) + 1
+
+
+@dataclass
+class _Found:
+    """What a path names: a directory, or a file with its served size."""
+
+    key: str
+    node: Node | None  # None: the synthesized .zmetadata
+    is_dir: bool
+    size: int = 0
+    ref: Ref | None = None
+    array: DecodedArray | None = None
+    data: bytes | None = None  # served as is (the synthesized .zmetadata)
+
+
+class _BadPath(Exception):
+    pass
+
+
+def _split_path(raw: str) -> list[bytes]:
+    """A request's path (still %-encoded) -> the names of its components; a trailing ``/``
+    leaves an empty last name. ``.``, ``..`` and empty components name nothing."""
+    path = urllib.parse.unquote_to_bytes(raw)
+    if not path.startswith(b"/"):
+        raise _BadPath(raw)
+    parts = path[1:].split(b"/")
+    for i, part in enumerate(parts):
+        if part in (b".", b"..") or (not part and i != len(parts) - 1) or b"\0" in part:
+            raise _BadPath(raw)
+    return parts
+
+
+def _content_type(key: str) -> str:
+    name = key.rpartition("/")[2]
+    if name in (*METADATA_NAMES, ".zmetadata") or name.endswith(".json"):
+        return "application/json"
+    return "application/octet-stream"
+
+
+class HttpFrontEnd:
+    """The request handler of one set's HTTP server (``handle``), plus the pieces the
+    serving process wires into aiohttp (``server``, ``protocol_factory``)."""
+
+    def __init__(self, core: SetCore, caller: TrioCaller, *, cors: str | None, token: str | None,
+                 max_clients: int, client_timeout: float, cache_seconds: float) -> None:
+        self.core = core
+        self.caller = caller
+        self.cors = cors
+        self.token = token
+        self.max_clients = max_clients
+        self.client_timeout = client_timeout
+        visibility = "private" if token else "public"
+        self.cache_control = f"{visibility}, max-age={int(cache_seconds)}"
+        self.stats = ServerStats()
+        # the set's identity in entity tags (with its time stamp: validators.ref_parts)
+        self._identity = core.info.get("source", "")
+        self._zmetadata: bytes | None = None
+        self._server = web_server.Server(
+            self.handle, handler_cancellation=True, access_log=None,
+            keepalive_timeout=client_timeout, max_line_size=8190, max_field_size=8190,
+            max_headers=64,
+        )
+
+    # ---- wiring ------------------------------------------------------------------------------
+    def protocol_factory(self) -> asyncio.BaseProtocol:
+        """A connection's protocol: aiohttp's, or past ``max_clients`` one that answers 503."""
+        if len(self._server.connections) >= self.max_clients:
+            self.stats.http_refused += 1
+            self.stats.count(503)
+            return _Refuse(self._cors_static())
+        self.stats.http_connections = len(self._server.connections) + 1
+        return self._server()
+
+    async def shutdown(self, timeout: float = 2.0) -> None:
+        await self._server.shutdown(timeout)
+
+    def _cors_static(self) -> dict[str, str]:
+        return cors_headers(self.cors, None) if self.cors else {}
+
+    # ---- one request -------------------------------------------------------------------------
+    async def handle(self, request: BaseRequest) -> web.StreamResponse:
+        self.stats.http_requests += 1
+        self.stats.http_connections = len(self._server.connections)
+        headers: dict[str, str] = {}
+        if self.cors:
+            headers.update(cors_headers(self.cors, request.headers.get("Origin")))
+        try:
+            response = await self._answer(request, headers)
+        except TrioGone:
+            response = self._plain(503, headers, "the server is stopping")
+        self.stats.count(response.status)
+        return response
+
+    async def _answer(self, request: BaseRequest, headers: dict[str, str]) -> web.StreamResponse:
+        method = request.method
+        if method == "OPTIONS":
+            if self.cors and "Access-Control-Request-Method" in request.headers:
+                headers.update(preflight_headers(
+                    self.cors, request.headers.get("Origin"),
+                    request.headers.get("Access-Control-Request-Method"),
+                    request.headers.get("Access-Control-Request-Headers")))
+            headers["Allow"] = ALLOWED
+            return web.Response(status=204, headers=headers)
+        if method not in ("GET", "HEAD"):
+            headers["Allow"] = ALLOWED
+            return self._plain(405, headers, f"{method} is not allowed: the tree is read-only")
+        if self.token is not None and not self._authorized(request.headers.get("Authorization")):
+            headers["WWW-Authenticate"] = 'Bearer realm="refmount"'
+            return self._plain(401, headers, "a bearer token is required")
+        raw = request.rel_url.raw_path
+        if raw == STATS_PATH:
+            return self._json(200, headers, self.counters())
+        try:
+            parts = _split_path(raw)
+        except _BadPath:
+            return self._plain(404, headers, "no such key")
+        try:
+            found = await self.caller.call(self._find, parts)
+        except ReadError as e:
+            return self._failed(e, headers)
+        if found is None:
+            return self._plain(404, headers, "no such key")
+        if found.is_dir:
+            if parts[-1] != b"":  # relative links in the listing need the trailing slash
+                headers["Location"] = raw + "/"
+                return self._plain(301, headers, "a directory")
+            return await self._listing(request, found, headers)
+        return await self._file(request, found, headers)
+
+    def _authorized(self, header: str | None) -> bool:
+        assert self.token is not None
+        scheme, _, given = (header or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
+                                                                  self.token.encode())
+
+    # ---- files -------------------------------------------------------------------------------
+    async def _file(self, request: BaseRequest, found: _Found, headers: dict[str, str]) -> web.StreamResponse:
+        if request.method == "GET" and found.ref is not None and found.array is None \
+                and found.ref.kind is RefKind.RANGE:
+            # A range running past the end of its target is served as the bytes that exist
+            # (as st_size in a mount): found out before the headers, which carry the size.
+            try:
+                found.size = await self.caller.call(self._settle, found.ref)
+            except ReadError as e:
+                return self._failed(e, headers)
+        size = found.size
+        if found.ref is not None:
+            etag = etag_for(ref_parts(found.ref, set_identity=self._identity, mtime_ns=self.core.mtime_ns,
+                                      decoded=found.array is not None, size=size))
+        else:  # the synthesized .zmetadata: its bytes
+            etag = etag_for(b"refmount-zmetadata\0" + self._identity.encode() + b"\0" + (found.data or b""))
+        mtime = self.core.mtime_ns / 1e9
+        headers.update({"ETag": etag, "Last-Modified": last_modified(mtime), "Accept-Ranges": "bytes",
+                        "Cache-Control": self.cache_control, "Content-Type": _content_type(found.key)})
+        if is_not_modified(request.method, if_none_match=request.headers.get("If-None-Match"),
+                           if_modified_since=request.headers.get("If-Modified-Since"), etag=etag,
+                           mtime=mtime):
+            return web.Response(status=304, headers=headers)
+        status, start, stop = 200, 0, size
+        if if_range_matches(request.headers.get("If-Range"), etag):
+            try:
+                wanted = parse_range(request.headers.get("Range"), size)
+            except RangeNotSatisfiable:
+                headers["Content-Range"] = unsatisfied_range(size)
+                return self._plain(416, headers, "range not satisfiable")
+            if wanted is not None:
+                status, start, stop = 206, wanted.start, wanted.stop
+                headers["Content-Range"] = content_range(wanted, size)
+        response = web.StreamResponse(status=status, headers=headers)
+        response.content_length = stop - start
+        if request.method == "HEAD" or start == stop:
+            await response.prepare(request)
+            await response.write_eof()
+            return response
+        # The first piece before the headers: a target that fails now is a 502, not a cut.
+        state = ReadState()
+        try:
+            first = await self.caller.call(self._read, found, start, min(stop - start, READ_PIECE), state)
+        except ReadError as e:
+            headers.pop("Content-Range", None)
+            return self._failed(e, headers)
+        await response.prepare(request)
+        pos = start
+        data: bytes | memoryview = first
+        while True:
+            want = min(stop - pos, READ_PIECE)
+            if len(data) != want:  # the target is shorter than the index says: never short
+                log.error("key %s: %d bytes at %d where %d were expected: response cut off",
+                          found.key, len(data), pos, want)
+                return self._abort(request, response)
+            if not await self._send(request, response, data):
+                return response
+            pos += want
+            if pos >= stop:
+                break
+            try:
+                data = await self.caller.call(self._read, found, pos, min(stop - pos, READ_PIECE), state)
+            except ReadError as e:
+                if not e.logged:
+                    log.error("key %s: %s: response cut off", found.key, e)
+                return self._abort(request, response)
+        await response.write_eof()
+        return response
+
+    async def _send(self, request: BaseRequest, response: web.StreamResponse,
+                    data: bytes | memoryview) -> bool:
+        """Write ``data`` in pieces, each waiting (up to ``client_timeout``) until the client
+        has taken enough of the previous ones; False if the client was cut off."""
+        view = memoryview(data)
+        try:
+            for at in range(0, len(view), WRITE_PIECE):
+                piece = view[at: at + WRITE_PIECE]
+                async with asyncio.timeout(self.client_timeout):
+                    await response.write(piece)
+                    transport = request.transport
+                    # aiohttp drains only every 64 KiB it buffers itself: wait for the socket
+                    if transport is not None and transport.get_write_buffer_size() > WRITE_PIECE:
+                        await request.protocol.writer.drain()  # type: ignore[union-attr]
+                self.stats.http_bytes_sent += len(piece)
+        except TimeoutError:
+            log.info("a client read nothing for %g s: disconnected", self.client_timeout)
+            self._abort(request, response)
+            return False
+        except ConnectionError:
+            self.stats.http_aborted += 1
+            return False
+        return True
+
+    def _abort(self, request: BaseRequest, response: web.StreamResponse) -> web.StreamResponse:
+        """Cut the connection: the client sees a transfer shorter than Content-Length."""
+        self.stats.http_aborted += 1
+        if request.transport is not None:
+            request.transport.abort()
+        return response
+
+    def _failed(self, e: ReadError, headers: dict[str, str]) -> web.Response:
+        self.core.stats.errors += 1
+        if not e.logged:
+            log.error("%s", e)
+        timed_out = isinstance(e, FetchError) and e.timed_out
+        for name in ("ETag", "Last-Modified", "Accept-Ranges", "Cache-Control", "Content-Type"):
+            headers.pop(name, None)
+        if timed_out:
+            return self._plain(504, headers, "a target of this key timed out")
+        return self._plain(502, headers, "a target of this key could not be read")
+
+    # ---- directories -------------------------------------------------------------------------
+    async def _listing(self, request: BaseRequest, found: _Found,
+                       headers: dict[str, str]) -> web.StreamResponse:
+        from . import listing
+
+        entries = await self.caller.call(self._entries, found)
+        path = "/" + found.key + ("/" if found.key else "")
+        headers["Cache-Control"] = self.cache_control
+        if listing.wants_json(request.headers.get("Accept"), request.rel_url.query_string):
+            body = listing.json_index(path, entries)
+            headers["Content-Type"] = "application/json"
+        else:
+            body = listing.html_index(path, entries)
+            headers["Content-Type"] = "text/html; charset=utf-8"
+        data = body.encode() if isinstance(body, str) else body
+        return web.Response(status=200, headers=headers, body=data)
+
+    # ---- trio side: the core's calls ---------------------------------------------------------
+    async def _find(self, parts: list[bytes]) -> _Found | None:
+        tree = self.core.tree
+        node: Node | None = tree.root
+        names = parts[:-1] if parts[-1] == b"" else parts
+        for name in names:
+            assert node is not None
+            if not node.is_dir:
+                return None
+            node = await tree.lookup(node, name)
+            if node is None:
+                if names == [b".zmetadata"]:
+                    data = await self._synthesized_zmetadata()
+                    return _Found(".zmetadata", None, False, len(data), data=data)
+                return None
+        assert node is not None
+        key = tree.path(node).decode("utf-8", "surrogateescape")
+        if node.is_dir:
+            return _Found(key, node, True)
+        if parts[-1] == b"":
+            return None  # a file named as a directory
+        ref = await tree.ref(node)
+        size = await tree.size(node)
+        array = self.core.array(node)
+        if array is None:
+            if size < 0:  # a whole-file target not yet measured: its size (no bytes fetched)
+                size = await self.core.reader.size(ref)
+            if ref.kind is RefKind.RANGE:
+                clipped = self.core.reader.clipped(ref)
+                size = size if clipped is None else clipped
+        return _Found(key, node, False, size, ref, array)
+
+    async def _settle(self, ref: Ref) -> int:
+        reader = self.core.reader
+        await reader.settle(ref)
+        clipped = reader.clipped(ref)
+        return ref.length if clipped is None else clipped
+
+    async def _read(self, found: _Found, off: int, size: int, state: ReadState) -> bytes | memoryview:
+        stats = self.core.stats
+        stats.reads += 1
+        if found.data is not None:
+            data: bytes | memoryview = found.data[off: off + size]
+        elif found.array is not None:
+            assert self.core.decoder is not None and found.ref is not None
+            data = await self.core.decoder.read(found.key, found.array, found.ref, off, size)
+        else:
+            assert found.ref is not None
+            data = await self.core.reader.read(found.ref, off, size, state)
+        stats.bytes_read += len(data)
+        return data
+
+    async def _entries(self, found: _Found) -> list[tuple[str, bool, int | None]]:
+        assert found.node is not None
+        out: list[tuple[str, bool, int | None]] = []
+        names: set[str] = set()
+        async for name, _ino, is_dir, _next, size in self.core.tree.entries(found.node):
+            text = name.decode("utf-8", "surrogateescape")
+            names.add(text)
+            out.append((text, is_dir, None if is_dir or size < 0 else size))
+        if not found.key and ".zmetadata" not in names:
+            out.append((".zmetadata", False, len(await self._synthesized_zmetadata())))
+            out.sort(key=lambda e: e[0].encode("utf-8", "surrogateescape"))
+        return out
+
+    async def _synthesized_zmetadata(self) -> bytes:
+        """The consolidated metadata of a set that has none, made once (in a worker thread:
+        one vectorised pass over the keys)."""
+        if self._zmetadata is None:
+            from .consolidated import consolidate
+
+            def make() -> bytes:
+                return consolidate(self.core.metadata_keys(METADATA_NAMES))
+
+            self._zmetadata = await trio.to_thread.run_sync(make)
+        return self._zmetadata
+
+    # ---- small answers -----------------------------------------------------------------------
+    def counters(self) -> dict[str, Any]:
+        stats: dict[str, Any] = dict(self.core.stats.as_dict())
+        server = vars(self.stats).copy()
+        server["http_status"] = dict(self.stats.http_status)
+        server["http_connections"] = len(self._server.connections)
+        stats.update(server)
+        for name in ("source", "format", "keys"):
+            if name in self.core.info:
+                stats[name] = self.core.info[name]
+        return stats
+
+    @staticmethod
+    def _plain(status: int, headers: dict[str, str], text: str) -> web.Response:
+        headers["Content-Type"] = "text/plain; charset=utf-8"
+        headers.setdefault("Cache-Control", "no-store")
+        return web.Response(status=status, headers=headers, body=(text + "\n").encode())
+
+    @staticmethod
+    def _json(status: int, headers: dict[str, str], obj: Any) -> web.Response:
+        headers["Content-Type"] = "application/json"
+        headers["Cache-Control"] = "no-store"
+        return web.Response(status=status, headers=headers, body=json.dumps(obj).encode())
+
+
+class _Refuse(asyncio.Protocol):
+    """A connection beyond ``max_clients``: one 503 and closed."""
+
+    def __init__(self, cors: dict[str, str]) -> None:
+        self.cors = cors
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        extra = "".join(f"{k}: {v}\r\n" for k, v in self.cors.items())
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
+                         f"Connection: close\r\n{extra}\r\n").encode())
+        transport.close()
