@@ -40,6 +40,7 @@ http {{
         application/json json;
         application/octet-stream bin nc gz zst;
         text/plain txt;
+        text/html html;
     }}
     default_type application/octet-stream;
     log_format refmount '$remote_addr "$request" $status $body_bytes_sent '
