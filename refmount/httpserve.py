@@ -36,6 +36,8 @@ import trio
 from aiohttp import web, web_server
 from aiohttp.web_request import BaseRequest
 
+from . import listing
+from .consolidated import METADATA_NAMES, consolidation
 from .core import SetCore
 from .cors import cors_headers, preflight_headers
 from .decoded import DecodedArray
@@ -55,7 +57,6 @@ READ_PIECE = 1 << 20  # bytes asked of the reader at a time
 WRITE_PIECE = 1 << 18  # bytes handed to the transport at a time (a slow client holds ~this)
 STATS_PATH = "/.refmount/stats"  # the server's counters (JSON); never a key of the set
 ALLOWED = "GET, HEAD, OPTIONS"
-METADATA_NAMES = (".zarray", ".zattrs", ".zgroup")
 
 
 @dataclass
@@ -321,8 +322,6 @@ class HttpFrontEnd:
     # ---- directories -------------------------------------------------------------------------
     async def _listing(self, request: BaseRequest, found: _Found,
                        headers: dict[str, str]) -> web.StreamResponse:
-        from . import listing
-
         entries = await self.caller.call(self._entries, found)
         path = "/" + found.key + ("/" if found.key else "")
         headers["Cache-Control"] = self.cache_control
@@ -330,7 +329,7 @@ class HttpFrontEnd:
             body = listing.json_index(path, entries)
             headers["Content-Type"] = "application/json"
         else:
-            body = listing.html_index(path, entries)
+            body = listing.html_index(path, entries, mtime=self.core.mtime_ns / 1e9)
             headers["Content-Type"] = "text/html; charset=utf-8"
         data = body.encode() if isinstance(body, str) else body
         return web.Response(status=200, headers=headers, body=data)
@@ -404,12 +403,11 @@ class HttpFrontEnd:
         """The consolidated metadata of a set that has none, made once (in a worker thread:
         one vectorised pass over the keys)."""
         if self._zmetadata is None:
-            from .consolidated import consolidate
-
-            def make() -> bytes:
-                return consolidate(self.core.metadata_keys(METADATA_NAMES))
-
-            self._zmetadata = await trio.to_thread.run_sync(make)
+            made = await trio.to_thread.run_sync(
+                lambda: consolidation(self.core.metadata_keys(METADATA_NAMES)))
+            for key, why in sorted(made.skipped.items()):
+                log.warning("the synthesized .zmetadata leaves out %s: %s", key, why)
+            self._zmetadata = made.document
         return self._zmetadata
 
     # ---- small answers -----------------------------------------------------------------------

@@ -84,6 +84,9 @@ def test_gdal_vsicurl_reads_the_decoded_view(serve, datasets, tmp_path):
     where = f'ZARR:"/vsicurl/{s.url}"'
     info = json.loads(gdal("gdalmdiminfo", where))
     assert {"temp", "precise"} <= set(info["arrays"]), list(info["arrays"])
+    # without .zmetadata, GDAL finds the arrays by listing directories (the HTML index)
+    listed = json.loads(gdal("gdalmdiminfo", "-oo", "USE_ZMETADATA=NO", where))
+    assert {"temp", "precise"} <= set(listed["arrays"]), list(listed["arrays"])
     out = tmp_path / "temp1.bin"
     gdal("gdal_translate", "-q", "-of", "ENVI", f"{where}:/temp:1", str(out))
     np.testing.assert_array_equal(np.fromfile(out, "<f4").reshape(20, 30), temp[1])
@@ -288,3 +291,15 @@ def test_python_api_served(datasets):
     with pytest.raises(refmount.MountError, match="listen must be"), \
             refmount.served(datasets.refs["hand_local"], listen="bad"):
         pass
+
+
+def test_serve_confines_local_targets(tmp_path):
+    """A shared service: a set naming a local file outside SOURCE's directory is refused, as
+    for an allow_other mount."""
+    (tmp_path / "sets").mkdir()
+    refs = write_json(tmp_path / "sets" / "refs.json", {"x": ["/etc/hostname"]})
+    r = serve_cli(refs, "no_disk_cache")
+    assert r.returncode == 1, r
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("refmount: error:"), r.stderr
+    assert "/etc/hostname" in lines[0], r.stderr
