@@ -168,8 +168,9 @@ def _run_serve(argv: list[str]) -> int:
 def _tool_parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"refmount {command}")
     if command == "stats":
-        p.description = "Show the counters of a mounted reference set."
-        p.add_argument("mountpoint", metavar="MOUNTPOINT")
+        p.description = ("Show the counters of a mounted reference set, or of a refmount serve "
+                         "server given its base URL.")
+        p.add_argument("mountpoint", metavar="MOUNTPOINT|URL")
     else:
         p.add_argument("source", metavar="SOURCE", help="reference set (path or fsspec URL)")
         p.add_argument("--target-options", default="{}", metavar="JSON|@FILE",
@@ -194,7 +195,10 @@ def _run_tool(command: str, argv: list[str]) -> int:
 
     args = _tool_parser(command).parse_args(argv)
     if command == "stats":
-        stats = tools.read_stats(os.path.abspath(args.mountpoint))
+        if args.mountpoint.startswith(("http://", "https://")):
+            stats = tools.read_server_stats(args.mountpoint)
+        else:
+            stats = tools.read_stats(os.path.abspath(args.mountpoint))
         print(json.dumps(stats, indent=2) if args.json else tools.format_stats(stats))
         return 0
     options = _json_option("--target-options", args.target_options)

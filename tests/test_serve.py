@@ -19,7 +19,7 @@ import pytest
 import xarray as xr
 from support.datasets import write_json
 from support.faultserver import Fault
-from support.mounts import CLI, cli_env
+from support.mounts import CLI, cli_env, run_cli
 from support.serving import serve_cli
 
 pytestmark = [pytest.mark.timeout(240)]
@@ -142,6 +142,8 @@ def test_ranges_validators_and_errors_with_curl(serve, datasets):
     assert s.request("GET", "/range/middle").body == blob[12_345:12_345 + 4_321]
     counters = s.stats()
     assert counters["http_status"]["206"] >= 3 and counters["http_status"]["404"] >= 1
+    r = run_cli("stats", s.url)  # the same counters from the command line
+    assert r.returncode == 0 and "HTTP requests" in r.stdout and "fetches from targets" in r.stdout, r
 
 
 def test_cors_on_every_response_and_the_preflight(serve, datasets):
@@ -303,3 +305,34 @@ def test_serve_confines_local_targets(tmp_path):
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("refmount: error:"), r.stderr
     assert "/etc/hostname" in lines[0], r.stderr
+
+
+def test_browser_reads_a_range_and_a_missing_key_across_origins(serve, datasets, tmp_path):
+    """Headless Chromium on a page from another origin fetch()es a chunk with a suffix Range
+    (a CORS preflight) and a missing key: with cors=* it reads both; without, it is refused."""
+    from support.browser import Fetch, browser_fetch
+    from support.servers import NginxServer
+
+    blob = datasets.blob.read_bytes()
+    with_cors = serve(datasets.refs["hand_local"], "cors=*")
+    without = serve(datasets.refs["hand_local"])
+    page = tmp_path / "page"
+    page.mkdir()
+    with NginxServer(page, run_dir=tmp_path / "run-page") as page_srv:
+        fetches = [
+            Fetch("suffix", with_cors.url + "whole/blob.bin", {"Range": "bytes=-10"}),
+            Fetch("missing", with_cors.url + "no/such/key"),
+            Fetch("refused", without.url + "whole/blob.bin", {"Range": "bytes=0-9"}),
+        ]
+        report = browser_fetch(page, page_srv.url, fetches, timeout=60)
+    print(report.log())  # the console, in the test log
+    r = report.results
+    assert set(r) == {f.name for f in fetches}, (report.returncode, report.stderr_tail)
+    assert r["suffix"]["ok"] and r["suffix"]["status"] == 206, r["suffix"]
+    assert r["suffix"]["headers"]["Content-Range"] == f"bytes {len(blob) - 10}-{len(blob) - 1}/{len(blob)}"
+    assert r["suffix"]["headers"]["ETag"] and r["suffix"]["headers"]["Accept-Ranges"] == "bytes"
+    assert bytes.fromhex(r["suffix"]["head"]) == blob[-10:]
+    assert r["missing"]["ok"] and r["missing"]["status"] == 404, r["missing"]
+    assert not r["refused"]["ok"], r["refused"]
+    assert any("blocked by CORS policy" in line for line in report.console), report.log()
+    assert with_cors.stats()["http_status"].get("204", 0) >= 1  # the preflight was answered
