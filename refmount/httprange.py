@@ -13,14 +13,16 @@ replaced by the whole body:
 * A unit other than ``bytes`` is ignored (RFC 9110 requires it; nginx does the same).
 * A syntactically invalid header (``bytes=abc``, ``bytes=5-2``, ``bytes=``) is ignored: the
   whole body is served. RFC 9110 lets a server ignore or reject it; nginx rejects with a
-  ``416``, Go's ``http.ServeContent`` (rclone ``serve http``) too. Ignoring serves correct
-  bytes to a confused client and never a wrong ``206``.
-* Several ranges (``bytes=0-9,20-29``): nginx and Go answer ``multipart/byteranges``; this
-  server answers as nginx does with ``max_ranges 1``: when exactly one of them is
+  ``416``, as does Go's ``http.ServeContent`` (rclone ``serve http`` over its VFS), and rclone's
+  own ``serve.Object`` with a ``400``. Ignoring serves correct bytes to a confused client and
+  never a wrong ``206``.
+* Several ranges (``bytes=0-9,20-29``): nginx and Go answer ``multipart/byteranges`` (Go
+  serves the whole body when the ranges add up to more than it), rclone's ``serve.Object``
+  answers ``400``. Here, as nginx answers with ``max_ranges 1``: when exactly one of them is
   satisfiable it is served as a ``206``, when none is the answer is ``416``, when more than
   one is the whole body is served with ``200`` (RFC 9110 allows ignoring ``Range``; zarr,
-  GDAL, fsspec and browsers send a single range). Empty list elements are skipped
-  (RFC 9110, section 5.6.1).
+  GDAL, fsspec and browsers send a single range; many small ranges never cost more than one
+  body). Empty list elements are skipped (RFC 9110, section 5.6.1).
 * An empty body (``size == 0``): a ``206`` cannot be written (there is no last byte), so a
   range that nginx would accept, one starting at ``0`` or a suffix, is served as the whole
   (empty) body with ``200``; any other range (``bytes=5-``) is ``416`` with ``bytes */0``.

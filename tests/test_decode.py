@@ -389,9 +389,9 @@ def test_parquet_and_version1_sets_decode(mount, shared_mounts, tmp_path):
         assert assert_sizes_are_bytes(m) > 10
         d = xr.open_zarr(m, consolidated=False)
         assert_like_original(d, original)
-        if src == v1_src:  # consolidated metadata, rewritten like each .zarray
-            zmeta = json.loads((m / ".zmetadata").read_text())["metadata"]
-            assert zmeta["temp/.zarray"] == json.loads((m / "temp/.zarray").read_text())
-            assert zmeta["temp/.zarray"]["filters"] is None
-            assert_like_original(xr.open_zarr(m, consolidated=True), original)
+        # consolidated metadata (Parquet: the set's own file), rewritten like each .zarray
+        zmeta = json.loads((m / ".zmetadata").read_text())["metadata"]
+        assert zmeta["temp/.zarray"] == json.loads((m / "temp/.zarray").read_text())
+        assert zmeta["temp/.zarray"]["filters"] is None
+        assert_like_original(xr.open_zarr(m, consolidated=True), original)
         check_ncdump(m, "counts", counts, -1)

@@ -591,7 +591,7 @@ def hostile_parquet(tmp_path) -> tuple[Path, dict[str, bytes], list[str]]:
 def test_parquet_record_files_with_missing_columns_or_wrong_types(hostile_parquet, mount):
     root, good, bad_keys = hostile_parquet
     m = mount(root, "no_disk_cache")  # lazy: nothing of the record files is read to mount
-    assert sorted(os.listdir(m)) == [".zgroup", "bad", "good"]
+    assert sorted(os.listdir(m)) == [".zgroup", ".zmetadata", "bad", "good"]
     problems = []
     for key in bad_keys:
         try:

@@ -17,6 +17,7 @@ import shutil
 import stat
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -172,7 +173,7 @@ def test_kerchunk_set_layout(kdata):
 @pytest.mark.parametrize("variant", list(KERCHUNK_VARIANTS))
 def test_kerchunk_tree_equals_json_keys(kdata, pq_mounts, variant):
     m = pq_mounts(kdata.parquet(variant))
-    keys = set(kdata.refs)
+    keys = set(kdata.refs) | {".zmetadata"}  # the set's own file, as fsspec serves it
     files, dirs = walk(m)
     assert files == keys, (sorted(keys - files)[:10], sorted(files - keys)[:10])
     assert dirs == implied_dirs(keys)
@@ -237,6 +238,7 @@ def lazy_expected(s: pdata.LazyZarrSet) -> dict[str, bytes]:
     """Every key and its bytes, read from the set with pyarrow (independently of refmount)."""
     meta = json.loads((s.root / ".zmetadata").read_text())["metadata"]
     out = {k: json.dumps(v).encode() for k, v in meta.items()}
+    out[".zmetadata"] = (s.root / ".zmetadata").read_bytes()
     for path in s.arrays:
         grid = pdata.chunk_grid(meta[f"{path}/.zarray"])
         tables: dict[int, dict] = {}
@@ -329,6 +331,33 @@ def test_hand_zarr_values(hand_set, pq_mounts):
     assert group["a"].attrs["units"] == "counts"
 
 
+def test_zmetadata_is_served_as_fsspec_serves_it(kdata, hand_set, pq_mounts):
+    """The set's own ``.zmetadata`` file is a key at the root, byte for byte what fsspec's
+    ReferenceFileSystem returns for it and lists (``LazyReferenceMapper``)."""
+    for root in (kdata.parquet("rs7"), kdata.parquet("rs7-fastparquet")):
+        m = pq_mounts(root)
+        fs = fsspec.filesystem("reference", fo=str(root), remote_protocol="file", skip_instance_cache=True)
+        assert ".zmetadata" in fs.ls("", detail=False)
+        assert ".zmetadata" in os.listdir(m)
+        theirs = fs.cat(".zmetadata")
+        assert (m / ".zmetadata").read_bytes() == theirs
+        assert os.stat(m / ".zmetadata").st_size == len(theirs)
+
+
+def test_zmetadata_with_json_text_values_is_served_parsed(hand_set, pq_mounts):
+    """Metadata values written as JSON text (the spec's ``dict[str, str]``) are served parsed
+    in ``.zmetadata``, where fsspec serves the file as it is and zarr cannot read it."""
+    stored = json.loads((hand_set.root / ".zmetadata").read_bytes())
+    assert any(isinstance(v, str) for v in stored["metadata"].values())
+    m = pq_mounts(hand_set.root)
+    served = json.loads((m / ".zmetadata").read_bytes())
+    assert served["record_size"] == stored["record_size"]
+    assert served["metadata"] == hand_set.metadata
+    group = zarr.open_consolidated(str(m), zarr_format=2)
+    assert group["g1"].attrs["level"] == 1
+    assert group["scalar"][...] == 6.5
+
+
 # --- a large array: fsspec's default record_size, listing, lookups across record files -------
 
 
@@ -375,7 +404,7 @@ def test_large_array(large_set, mount):
 def test_file_url_source(kdata, pq_mounts):
     m = pq_mounts("file://" + str(kdata.parquet("rs7")))
     files, _dirs = walk(m)
-    assert files == set(kdata.refs)
+    assert files == set(kdata.refs) | {".zmetadata"}
     assert (m / "cube" / "4.2.3").read_bytes() == pdata.expected_bytes(kdata.refs["cube/4.2.3"])
 
 
@@ -397,7 +426,7 @@ def test_http_source(kdata, nginx, nginx_root, mount):
     assert any("/rs7.parquet/.zmetadata" in line for line in at_mount), at_mount
     assert not [line for line in at_mount if "/refs." in line], at_mount
     files, _dirs = walk(m)
-    assert files == set(kdata.refs)
+    assert files == set(kdata.refs) | {".zmetadata"}
     check_files(m, kdata.expected())
     fetched = [line for line in nginx.access_lines()[before:] if "/refs." in line]
     assert any("/sparse/refs.4.parq" in line for line in fetched)
@@ -539,7 +568,7 @@ def broken_records(tmp_path) -> Path:
 
 def test_broken_record_files_give_eio(broken_records, mount):
     m = mount(broken_records, *OPTS)
-    top = [".zgroup", "bad", "good", "noraw", "rawonly"]
+    top = [".zgroup", ".zmetadata", "bad", "good", "noraw", "rawonly"]
     assert sorted(os.listdir(m)) == top
     assert json.loads((m / "bad" / ".zarray").read_bytes())["shape"] == [8]
     for key in ("bad/2", "bad/3", "bad/4", "bad/5", "bad/6", "bad/7"):
@@ -567,7 +596,9 @@ def test_bad_array_key_is_skipped_or_refused(mount, mount_fails, tmp_path):
     m = mount(src, *OPTS, "bad_keys=skip")
     assert m.result is not None
     assert "WARNING" in m.result.stderr and "x/../y/.zarray" in m.result.stderr, m.result.stderr
-    assert sorted(os.listdir(m)) == [".zgroup", "v"]
+    assert sorted(os.listdir(m)) == [".zgroup", ".zmetadata", "v"]
+    assert json.loads((m / ".zmetadata").read_bytes())["metadata"] == {  # what the tree serves
+        ".zgroup": {"zarr_format": 2}, "v/.zarray": ZARRAY_V}
     assert sorted(os.listdir(m / "v")) == [".zarray", "0", "1"]
     assert (m / "v" / "1").read_bytes() == b"\x02"
 

@@ -239,7 +239,7 @@ def test_parquet_zmetadata_with_nan(mount, tmp_path):
     assert b"NaN" in (out / ".zmetadata").read_bytes()
     m = mount(out, "no_disk_cache")
     files, _dirs = walk(m)
-    assert files == {".zgroup", "x/.zarray", "x/.zattrs", "x/0", "x/1"}
+    assert files == {".zgroup", ".zmetadata", "x/.zarray", "x/.zattrs", "x/0", "x/1"}
     assert (m / "x/.zarray").read_bytes() == json.dumps(NAN_META).encode()
     assert (m / "x/.zattrs").read_bytes() == json.dumps(ATTRS).encode()
     assert (m / "x/1").read_bytes() == bytes(range(32, 64))

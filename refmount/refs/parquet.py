@@ -1,6 +1,7 @@
 """Parquet reference sets (fsspec's LazyReferenceMapper layout).
 
-Mounting reads only ``.zmetadata``: its metadata keys become a small KeyIndex, and each
+Mounting reads only ``.zmetadata``: its metadata keys and the file itself (the key
+``.zmetadata``, as fsspec's ReferenceFileSystem serves it) become a small KeyIndex, and each
 array (a ``<path>/.zarray`` key) becomes an :class:`ArraySpec` whose chunk keys are
 derived from shape/chunks in C order. Chunk ``i`` lives in ``<path>/refs.<i // record_size>.parq``
 at row ``i % record_size``; record files are read when a lookup, listing or read needs
@@ -143,21 +144,61 @@ def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str,
     metadata = meta.get("metadata")
     if not isinstance(metadata, dict):
         raise ReferenceSetError(f"{name}: 'metadata' must be an object of zarr metadata keys")
-    builder = IndexBuilder(bad_keys, limits)
     arrays = []
+    texts: list[tuple[str, bytes]] = []
     for key, value in metadata.items():
         # As LazyReferenceMapper serves them: every metadata value is JSON text.
         text = value if isinstance(value, str) else json.dumps(value)
-        builder.add_inline(key, text.encode())
+        texts.append((key, text.encode()))
         if key == ".zarray" or key.endswith("/.zarray"):
             arrays.append(_array_spec(name, key, value))
+    # fsspec's ReferenceFileSystem serves the set's own .zmetadata file as the key .zmetadata
+    # (before any metadata key of that name) and lists it at the root: so does the mount,
+    # holding the metadata keys the tree serves (a first pass tells which bad_keys=skip drops).
+    probe = IndexBuilder(bad_keys, limits)
+    for key, data in texts:
+        probe.add_inline(key, data)
+    probe.finish()
+    served = _served_zmetadata(raw, meta, set(probe.skipped))
+    builder = IndexBuilder(bad_keys, limits)
+    for key, data in texts:
+        builder.add_inline(key, data)
     builder.quirks["numbers were a bare NaN or Infinity"] += nonfinite
+    if len(served) <= limits.max_inline:
+        builder.add_inline(".zmetadata", served)
+    else:
+        log.warning("%s: not served as the key .zmetadata: %s is over max_inline=%s", name,
+                    size_text(len(served)), size_text(limits.max_inline))
     index = KeyIndex(builder.finish())
     # With bad_keys=skip, an array whose '.zarray' key cannot be a path is skipped whole.
     skipped = set(builder.skipped)
     arrays = [a for a in arrays if f"{a.path}/.zarray" not in skipped]
     return ParquetSet(root, record_size, index, sorted(arrays, key=lambda a: a.path), builder.skipped,
                       +builder.quirks)
+
+
+def _served_zmetadata(raw: bytes, meta: dict[str, Any], skipped: set[str]) -> bytes:
+    """The bytes of the key ``.zmetadata``: the file as it is when every metadata value is a
+    JSON object and every key is served (LazyReferenceMapper's form: what fsspec serves, byte
+    for byte, and what zarr reads as consolidated metadata). Otherwise it holds the metadata
+    the tree serves: without the keys ``bad_keys=skip`` left out, and values written as JSON
+    text (the spec's ``dict[str, str]``) parsed, so that zarr can read them; a value that is
+    not a JSON object is left out."""
+    metadata = meta["metadata"]
+    if not skipped and all(isinstance(v, dict) for v in metadata.values()):
+        return raw
+    parsed: dict[str, Any] = {}
+    for key, value in metadata.items():
+        if key in skipped:
+            continue
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except (ValueError, RecursionError):
+                continue
+        if isinstance(value, dict):
+            parsed[key] = value
+    return json.dumps({**meta, "metadata": parsed}).encode()
 
 
 def _int64(column: pa.Array, name: str, where: str) -> np.ndarray:

@@ -454,6 +454,8 @@ def hand_parquet(root: Path, data_dir: Path) -> HandSet:
     (root / ".zmetadata").write_text(json.dumps({"metadata": stored, "record_size": rs}))
     for key, value in meta.items():
         files[key] = json.dumps(value).encode()  # only compared as parsed JSON
+    # served with the JSON-text values parsed (only compared as parsed JSON)
+    files[".zmetadata"] = json.dumps({"metadata": meta, "record_size": rs}).encode()
     return HandSet(root, rs, files, meta, absent,
                    {"a": expected_a, "g1/g2/b": b, "scalar": np.array(6.5),
                     "empty": np.zeros((0, 3), "<i2")})

@@ -111,5 +111,7 @@ def tiny_parquet(root: Path, data_dir: Path, record_size: int = 2) -> RefSet:
     for name, rows in (("x", x_rows), ("g/y", y_rows)):
         for r in range(0, len(rows), record_size):
             write_record(root / name / f"refs.{r // record_size}.parq", rows[r : r + record_size])
-    (root / ".zmetadata").write_text(json.dumps({"metadata": metadata, "record_size": record_size}))
+    zmetadata = json.dumps({"metadata": metadata, "record_size": record_size}).encode()
+    (root / ".zmetadata").write_bytes(zmetadata)
+    refs[".zmetadata"] = inline(zmetadata)  # the file itself is a key, as fsspec serves it
     return RefSet(root, refs, {str(blob), str(whole)}, absent={"x/3", "g/y/1/0"})

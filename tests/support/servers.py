@@ -57,6 +57,7 @@ http {{
         listen 127.0.0.1:{port};
         server_name localhost;
         root {root};
+{server_extra}
         location / {{
             autoindex off;
         }}
@@ -81,8 +82,11 @@ def _port_answers(port: int) -> bool:
 class NginxServer:
     """nginx serving ``root`` (read-only, with Range support) on 127.0.0.1:``port``."""
 
-    def __init__(self, root: str | os.PathLike, run_dir: str | os.PathLike | None = None):
+    def __init__(self, root: str | os.PathLike, run_dir: str | os.PathLike | None = None,
+                 server_extra: str = ""):
+        """``server_extra``: more directives for the ``server`` block (e.g. ``add_header``)."""
         self.root = Path(root).resolve()
+        self.server_extra = server_extra
         self._own_run_dir = run_dir is None
         self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="refmount-nginx-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -112,7 +116,8 @@ class NginxServer:
             user_line = f"user {user} {group};"
         conf = self.run_dir / "nginx.conf"
         conf.write_text(
-            _CONF.format(user_line=user_line, run=self.run_dir, port=port, root=self.root)
+            _CONF.format(user_line=user_line, run=self.run_dir, port=port, root=self.root,
+                         server_extra=self.server_extra)
         )
         return conf
 
