@@ -285,12 +285,10 @@ class HttpFrontEnd:
         try:
             for at in range(0, len(view), WRITE_PIECE):
                 piece = view[at: at + WRITE_PIECE]
+                # aiohttp waits in write() while the transport's buffer is over its high-water
+                # mark: a client that does not read holds about one piece here.
                 async with asyncio.timeout(self.client_timeout):
                     await response.write(piece)
-                    transport = request.transport
-                    # aiohttp drains only every 64 KiB it buffers itself: wait for the socket
-                    if transport is not None and transport.get_write_buffer_size() > WRITE_PIECE:
-                        await request.protocol.writer.drain()  # type: ignore[union-attr]
                 self.stats.http_bytes_sent += len(piece)
         except TimeoutError:
             log.info("a client read nothing for %g s: disconnected", self.client_timeout)

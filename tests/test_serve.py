@@ -224,10 +224,13 @@ def test_slow_clients_leave_memory_bounded_and_others_served(serve, tmp_path):
         grown = s.rss() - before
         # unbounded, 64 x 32 MiB would be buffered; bounded: the memory cache and a piece each
         assert grown < 64 * 2**20 + 64 * 2 * 2**20, grown
+        # they are held back, not dropped: each has been sent part of its response
+        assert s.stats()["http_aborted"] == 0
     finally:
         for c in slow:
             c.close()
     assert s.stats()["http_connections"] <= 2
+    assert "Traceback" not in s.log_text() and "Error handling request" not in s.log_text()
 
 
 # --- the command: start-up contract ----------------------------------------------------------------
