@@ -130,6 +130,8 @@ class HttpFrontEnd:
         # the set's identity in entity tags (with its time stamp: validators.ref_parts)
         self._identity = core.info.get("source", "")
         self._zmetadata: bytes | None = None
+        self._mtime = core.mtime_ns / 1e9  # every file's time stamp
+        self._last_modified = last_modified(self._mtime)
         self._server = web_server.Server(
             self.handle, handler_cancellation=True, access_log=None,
             keepalive_timeout=client_timeout, max_line_size=8190, max_field_size=8190,
@@ -224,8 +226,8 @@ class HttpFrontEnd:
                                       decoded=found.array is not None, size=size))
         else:  # the synthesized .zmetadata: its bytes
             etag = etag_for(b"refmount-zmetadata\0" + self._identity.encode() + b"\0" + (found.data or b""))
-        mtime = self.core.mtime_ns / 1e9
-        headers.update({"ETag": etag, "Last-Modified": last_modified(mtime), "Accept-Ranges": "bytes",
+        mtime = self._mtime
+        headers.update({"ETag": etag, "Last-Modified": self._last_modified, "Accept-Ranges": "bytes",
                         "Cache-Control": self.cache_control, "Content-Type": _content_type(found.key)})
         if is_not_modified(request.method, if_none_match=request.headers.get("If-None-Match"),
                            if_modified_since=request.headers.get("If-Modified-Since"), etag=etag,
@@ -241,12 +243,12 @@ class HttpFrontEnd:
             if wanted is not None:
                 status, start, stop = 206, wanted.start, wanted.stop
                 headers["Content-Range"] = content_range(wanted, size)
+        if request.method == "HEAD" or start == stop:
+            # headers only, sent by aiohttp in one write (HEAD keeps the Content-Length)
+            headers["Content-Length"] = str(stop - start)
+            return web.Response(status=status, headers=headers)
         response = web.StreamResponse(status=status, headers=headers)
         response.content_length = stop - start
-        if request.method == "HEAD" or start == stop:
-            await response.prepare(request)
-            await response.write_eof()
-            return response
         # The first piece before the headers: a target that fails now is a 502, not a cut.
         state = ReadState()
         try:
