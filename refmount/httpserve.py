@@ -55,6 +55,7 @@ __all__ = ["STATS_PATH", "HttpFrontEnd", "ServerStats"]
 
 READ_PIECE = 1 << 20  # bytes asked of the reader at a time
 WRITE_PIECE = 1 << 18  # bytes handed to the transport at a time (a slow client holds ~this)
+CONDITION_HEADERS = ("Range", "If-Range", "If-None-Match", "If-Modified-Since")
 STATS_PATH = "/.refmount/stats"  # the server's counters (JSON); never a key of the set
 ALLOWED = "GET, HEAD, OPTIONS"
 
@@ -86,6 +87,20 @@ class _Found:
     ref: Ref | None = None
     array: DecodedArray | None = None
     data: bytes | None = None  # served as is (the synthesized .zmetadata)
+
+
+@dataclass
+class _Plan:
+    """The answer to a request for a path, decided in trio (``HttpFrontEnd._plan``)."""
+
+    found: _Found
+    status: int
+    headers: dict[str, str]
+    start: int = 0
+    stop: int = 0
+    first: bytes | memoryview | None = None  # the first piece of a GET's body
+    error: ReadError | None = None  # the first piece (or the size) could not be had
+    state: ReadState = field(default_factory=ReadState)
 
 
 class _BadPath(Exception):
@@ -191,18 +206,20 @@ class HttpFrontEnd:
             parts = _split_path(raw)
         except _BadPath:
             return self._plain(404, headers, "no such key")
-        try:
-            found = await self.caller.call(self._find, parts)
+        conditions = {name: request.headers.get(name) for name in CONDITION_HEADERS}
+        try:  # one call into trio: the lookup and, for a GET, the first piece of the body
+            plan = await self.caller.call(self._plan, parts, method, conditions)
         except ReadError as e:
             return self._failed(e, headers)
-        if found is None:
+        if plan is None:
             return self._plain(404, headers, "no such key")
+        found = plan.found
         if found.is_dir:
             if parts[-1] != b"":  # relative links in the listing need the trailing slash
                 headers["Location"] = raw + "/"
                 return self._plain(301, headers, "a directory")
             return await self._listing(request, found, headers)
-        return await self._file(request, found, headers)
+        return await self._file(request, plan, headers)
 
     def _authorized(self, header: str | None) -> bool:
         assert self.token is not None
@@ -211,51 +228,49 @@ class HttpFrontEnd:
                                                                   self.token.encode())
 
     # ---- files -------------------------------------------------------------------------------
-    async def _file(self, request: BaseRequest, found: _Found, headers: dict[str, str]) -> web.StreamResponse:
-        if request.method == "GET" and found.ref is not None and found.array is None \
-                and found.ref.kind is RefKind.RANGE:
-            # A range running past the end of its target is served as the bytes that exist
-            # (as st_size in a mount): found out before the headers, which carry the size.
-            try:
-                found.size = await self.caller.call(self._settle, found.ref)
-            except ReadError as e:
-                return self._failed(e, headers)
+    def _decide(self, found: _Found, method: str, conditions: dict[str, str | None]) -> _Plan:
+        """Status, headers and byte range of the answer for a file whose size is known."""
         size = found.size
         if found.ref is not None:
             etag = etag_for(ref_parts(found.ref, set_identity=self._identity, mtime_ns=self.core.mtime_ns,
                                       decoded=found.array is not None, size=size))
         else:  # the synthesized .zmetadata: its bytes
             etag = etag_for(b"refmount-zmetadata\0" + self._identity.encode() + b"\0" + (found.data or b""))
-        mtime = self._mtime
-        headers.update({"ETag": etag, "Last-Modified": self._last_modified, "Accept-Ranges": "bytes",
-                        "Cache-Control": self.cache_control, "Content-Type": _content_type(found.key)})
-        if is_not_modified(request.method, if_none_match=request.headers.get("If-None-Match"),
-                           if_modified_since=request.headers.get("If-Modified-Since"), etag=etag,
-                           mtime=mtime):
-            return web.Response(status=304, headers=headers)
+        headers = {"ETag": etag, "Last-Modified": self._last_modified, "Accept-Ranges": "bytes",
+                   "Cache-Control": self.cache_control, "Content-Type": _content_type(found.key)}
+        if is_not_modified(method, if_none_match=conditions["If-None-Match"],
+                           if_modified_since=conditions["If-Modified-Since"], etag=etag, mtime=self._mtime):
+            return _Plan(found, 304, headers)
         status, start, stop = 200, 0, size
-        if if_range_matches(request.headers.get("If-Range"), etag):
+        if if_range_matches(conditions["If-Range"], etag):
             try:
-                wanted = parse_range(request.headers.get("Range"), size)
+                wanted = parse_range(conditions["Range"], size)
             except RangeNotSatisfiable:
                 headers["Content-Range"] = unsatisfied_range(size)
-                return self._plain(416, headers, "range not satisfiable")
+                return _Plan(found, 416, headers)
             if wanted is not None:
                 status, start, stop = 206, wanted.start, wanted.stop
                 headers["Content-Range"] = content_range(wanted, size)
+        return _Plan(found, status, headers, start, stop)
+
+    async def _file(self, request: BaseRequest, plan: _Plan, headers: dict[str, str]) -> web.StreamResponse:
+        found, status, start, stop = plan.found, plan.status, plan.start, plan.stop
+        if plan.error is not None:  # the size or the first piece failed: a 502/504, no cut
+            return self._failed(plan.error, headers)
+        headers.update(plan.headers)
+        if status == 304:
+            return web.Response(status=304, headers=headers)
+        if status == 416:
+            return self._plain(416, headers, "range not satisfiable")
         if request.method == "HEAD" or start == stop:
             # headers only, sent by aiohttp in one write (HEAD keeps the Content-Length)
             headers["Content-Length"] = str(stop - start)
             return web.Response(status=status, headers=headers)
         response = web.StreamResponse(status=status, headers=headers)
         response.content_length = stop - start
-        # The first piece before the headers: a target that fails now is a 502, not a cut.
-        state = ReadState()
-        try:
-            first = await self.caller.call(self._read, found, start, min(stop - start, READ_PIECE), state)
-        except ReadError as e:
-            headers.pop("Content-Range", None)
-            return self._failed(e, headers)
+        state = plan.state
+        first = plan.first
+        assert first is not None
         await response.prepare(request)
         pos = start
         data: bytes | memoryview = first
@@ -313,8 +328,6 @@ class HttpFrontEnd:
         if not e.logged:
             log.error("%s", e)
         timed_out = isinstance(e, FetchError) and e.timed_out
-        for name in ("ETag", "Last-Modified", "Accept-Ranges", "Cache-Control", "Content-Type"):
-            headers.pop(name, None)
         if timed_out:
             return self._plain(504, headers, "a target of this key timed out")
         return self._plain(502, headers, "a target of this key could not be read")
@@ -365,6 +378,33 @@ class HttpFrontEnd:
                 clipped = self.core.reader.clipped(ref)
                 size = size if clipped is None else clipped
         return _Found(key, node, False, size, ref, array)
+
+    async def _plan(self, parts: list[bytes], method: str, conditions: dict[str, str | None]) -> _Plan | None:
+        """In trio: the node of ``parts`` and, for a file, the answer; for a GET, the size
+        settled and the first piece of the body read (a failure there is the plan's
+        ``error``: the headers are not sent yet)."""
+        found = await self._find(parts)
+        if found is None or found.is_dir:
+            return None if found is None else _Plan(found, 200, {})
+        get = method == "GET"
+        if get and found.ref is not None and found.array is None and found.ref.kind is RefKind.RANGE:
+            # A range running past the end of its target is served as the bytes that exist
+            # (as st_size in a mount): found out before the headers, which carry the size.
+            try:
+                found.size = await self._settle(found.ref)
+            except ReadError as e:
+                plan = self._decide(found, method, conditions)
+                plan.error = e
+                return plan
+        plan = self._decide(found, method, conditions)
+        if get and plan.status in (200, 206) and plan.start < plan.stop:
+            # The first piece before the headers: a target that fails now is a 502, not a cut.
+            try:
+                plan.first = await self._read(found, plan.start, min(plan.stop - plan.start, READ_PIECE),
+                                              plan.state)
+            except ReadError as e:
+                plan.error = e
+        return plan
 
     async def _settle(self, ref: Ref) -> int:
         reader = self.core.reader
