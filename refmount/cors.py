@@ -22,6 +22,7 @@ __all__ = [
     "EXPOSED_HEADERS",
     "MAX_AGE",
     "cors_headers",
+    "cors_problem",
     "origin_allowed",
     "parse_origins",
     "preflight_headers",
@@ -33,6 +34,21 @@ ALLOWED_REQUEST_HEADERS = ("Range", "If-None-Match", "If-Modified-Since", "If-Ra
 MAX_AGE = 7200  # seconds a browser may cache the preflight (Chromium's own cap)
 
 _SEPARATORS = re.compile(r"[|\s]+")
+_VISIBLE = re.compile(r"[\x21-\x7e]+")
+# scheme://host[:port]: what a browser sends in Origin (no path, query, user or fragment).
+_ORIGIN = re.compile(r"https?://(\[[0-9a-f:.]+\]|[a-z0-9.-]+)(:[0-9]{1,5})?", re.ASCII | re.IGNORECASE)
+
+
+def cors_problem(allowed: str) -> str | None:
+    """What is wrong with a ``cors`` value, in words for a one-line error, or ``None``."""
+    parts = [p for p in _SEPARATORS.split(allowed.strip()) if p]
+    if not parts:
+        return "cors needs * or one or more origins such as https://viewer.example.org"
+    for part in parts:
+        if part != "*" and not _ORIGIN.fullmatch(part.rstrip("/")):
+            return (f"cors: {part!r} is not an origin: give scheme://host[:port] "
+                    "(http or https, no path), several separated by '|', or *")
+    return None
 
 
 def parse_origins(allowed: str) -> frozenset[str] | None:
@@ -55,7 +71,9 @@ def origin_allowed(allowed: str | None, request_origin: str | None) -> bool:
     origins = parse_origins(allowed)
     if origins is None:
         return True
-    return request_origin is not None and _normal(request_origin) in origins
+    if request_origin is None or not _VISIBLE.fullmatch(request_origin):
+        return False  # echoed back when allowed: never whitespace or a control character
+    return _normal(request_origin) in origins
 
 
 def cors_headers(allowed: str | None, request_origin: str | None) -> dict[str, str]:

@@ -41,11 +41,11 @@ import html
 import json
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 from urllib.parse import parse_qs, quote
 
-__all__ = ["Entry", "html_index", "json_index", "wants_json"]
+__all__ = ["Entry", "html_index", "iter_html_index", "iter_json_index", "json_index", "wants_json"]
 
 
 class Entry(NamedTuple):
@@ -101,23 +101,59 @@ def html_index(path: str | bytes, entries: Iterable[Entry | tuple], mtime: float
     given, is shown as every entry's date (``DD-Mon-YYYY HH:MM``, UTC), followed by the size
     (``-`` for a directory or an unknown size).
     """
+    return b"".join(iter_html_index(path, entries, mtime))
+
+
+def iter_html_index(path: str | bytes, entries: Iterable[Entry | tuple], mtime: float | None = None,
+                    *, chunk: int = 64 << 10) -> Iterator[bytes]:
+    """``html_index`` in pieces of about ``chunk`` bytes, for streaming a large directory
+    while ``entries`` are produced (memory bounded by ``chunk``, not the directory)."""
     title = _title(path)
     date = time.strftime("%d-%b-%Y %H:%M", time.gmtime(mtime)) if mtime is not None else None
-    lines = [
-        "<!DOCTYPE html>",
-        "<html>",
-        f'<head><meta charset="utf-8"><title>Index of {title}</title></head>',
-        "<body>",
-        f'<h1>Index of {title}</h1><hr><pre><a href="../">../</a>',
-    ]
-    for name, is_dir, size in entries:
-        line = f'<a href="{_href(name, is_dir)}">{_text(name)}{"/" if is_dir else ""}</a>'
-        if date is not None:
-            shown_size = "-" if is_dir or size is None else str(size)
-            line += f" {date} {shown_size:>19}"
-        lines.append(line)
-    lines += ["</pre><hr></body>", "</html>", ""]
-    return "\n".join(lines).encode("utf-8")
+    head = (
+        "<!DOCTYPE html>\n<html>\n"
+        f'<head><meta charset="utf-8"><title>Index of {title}</title></head>\n<body>\n'
+        f'<h1>Index of {title}</h1><hr><pre><a href="../">../</a>\n'
+    )
+
+    def lines() -> Iterator[str]:
+        yield head
+        for name, is_dir, size in entries:
+            line = f'<a href="{_href(name, is_dir)}">{_text(name)}{"/" if is_dir else ""}</a>'
+            if date is not None:
+                shown_size = "-" if is_dir or size is None else str(size)
+                line += f" {date} {shown_size:>19}"
+            yield line + "\n"
+        yield "</pre><hr></body>\n</html>\n"
+
+    yield from _pieces(lines(), chunk)
+
+
+def _pieces(parts: Iterable[str], chunk: int) -> Iterator[bytes]:
+    buf: list[bytes] = []
+    held = 0
+    for part in parts:
+        data = part.encode("utf-8")
+        buf.append(data)
+        held += len(data)
+        if held >= chunk:
+            yield b"".join(buf)
+            buf, held = [], 0
+    if buf:
+        yield b"".join(buf)
+
+
+def _json_entry(name: str | bytes, is_dir: bool, size: int | None) -> str:
+    return json.dumps(
+        {
+            "name": _raw(name).decode("utf-8", "replace"),
+            "href": _href(name, is_dir),
+            "type": "directory" if is_dir else "file",
+            "size": None if is_dir else size,
+        },
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
 
 
 def json_index(path: str | bytes, entries: Iterable[Entry | tuple]) -> bytes:
@@ -127,19 +163,21 @@ def json_index(path: str | bytes, entries: Iterable[Entry | tuple]) -> bytes:
     percent-encoded form relative to the directory, ``type`` ``"directory"`` or ``"file"``,
     ``size`` the size in bytes or ``null``.
     """
-    out = {
-        "path": _dir_path(path).decode("utf-8", "replace"),
-        "entries": [
-            {
-                "name": _raw(name).decode("utf-8", "replace"),
-                "href": _href(name, is_dir),
-                "type": "directory" if is_dir else "file",
-                "size": None if is_dir else size,
-            }
-            for name, is_dir, size in entries
-        ],
-    }
-    return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return b"".join(iter_json_index(path, entries))
+
+
+def iter_json_index(path: str | bytes, entries: Iterable[Entry | tuple], *,
+                    chunk: int = 64 << 10) -> Iterator[bytes]:
+    """``json_index`` in pieces of about ``chunk`` bytes (see ``iter_html_index``)."""
+    shown = json.dumps(_dir_path(path).decode("utf-8", "replace"), ensure_ascii=False)
+
+    def parts() -> Iterator[str]:
+        yield f'{{"path":{shown},"entries":['
+        for i, (name, is_dir, size) in enumerate(entries):
+            yield ("," if i else "") + _json_entry(name, is_dir, size)
+        yield "]}"
+
+    yield from _pieces(parts(), chunk)
 
 
 def _quality(accept: str, media: str) -> float:

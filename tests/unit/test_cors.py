@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from refmount.cors import cors_headers, origin_allowed, parse_origins, preflight_headers
+from hypothesis import given
+from hypothesis import strategies as st
+
+from refmount.cors import cors_headers, cors_problem, origin_allowed, parse_origins, preflight_headers
 
 VIEWER = "https://viewer.example.org"
 EXPOSE = "Content-Range, Content-Length, ETag, Accept-Ranges"
@@ -30,6 +33,8 @@ def test_origin_list() -> None:
     assert cors_headers(allowed, "https://evil.example.org") == {"Vary": "Origin"}
     assert cors_headers(allowed, None) == {"Vary": "Origin"}
     assert cors_headers(allowed, "null") == {"Vary": "Origin"}
+    for sneaky in (VIEWER + "\r\nSet-Cookie: x=1", " " + VIEWER, VIEWER + "\n", VIEWER + "\t"):
+        assert cors_headers(allowed, sneaky) == {"Vary": "Origin"}, sneaky
     assert origin_allowed("https://a.example.org https://b.example.org", "https://b.example.org")
     assert not origin_allowed(VIEWER, VIEWER + ".evil.org")
     assert parse_origins("https://a.example.org|*") is None
@@ -59,3 +64,21 @@ def test_preflight_refusals() -> None:
     ):
         assert "Access-Control-Allow-Methods" not in h
         assert "Access-Control-Allow-Headers" not in h
+
+
+def test_problem_with_a_cors_value() -> None:
+    for good in ("*", VIEWER, "http://127.0.0.1:8080", "https://a.org|https://b.org:8443/",
+                 "http://[::1]:9000", "HTTPS://Viewer.Example.org"):
+        assert cors_problem(good) is None, good
+    for bad in ("", "  ", "viewer.example.org", "https://a.org/path", "ftp://a.org",
+                "https://user@a.org", "https://a.org|nope", "https://a.org?x=1"):
+        problem = cors_problem(bad)
+        assert problem is not None and problem.startswith("cors"), bad
+        assert "\n" not in problem
+
+
+@given(st.text(max_size=60), st.one_of(st.none(), st.text(max_size=40)), st.text(max_size=40))
+def test_any_input_is_answered(allowed: str, origin: str | None, asked: str) -> None:
+    headers = preflight_headers(allowed, origin, "GET", asked)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+    assert cors_problem(allowed) is None or cors_problem(allowed).startswith("cors")

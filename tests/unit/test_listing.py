@@ -16,7 +16,7 @@ from fsspec.implementations.http import HTTPFileSystem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refmount.listing import Entry, html_index, json_index, wants_json
+from refmount.listing import Entry, html_index, iter_html_index, iter_json_index, json_index, wants_json
 
 BASE = "http://127.0.0.1:8080"
 # Names may be any bytes but "/": quotes, markup, URL syntax, control bytes, non-UTF-8.
@@ -140,6 +140,27 @@ def test_json_index() -> None:
     }
 
 
+def test_streamed_in_bounded_pieces() -> None:
+    taken = []
+
+    def entries():
+        for i in range(20_000):
+            taken.append(i)
+            yield Entry(f"c{i}.0", False, i)
+
+    pieces = iter_html_index("/big/", entries(), 0, chunk=4096)
+    first = next(pieces)
+    assert len(taken) < 200  # entries are read as the page is written, not all at once
+    rest = list(pieces)
+    assert all(len(p) < 4096 + 200 for p in [first, *rest])
+    whole = html_index("/big/", (Entry(f"c{i}.0", False, i) for i in range(20_000)), 0)
+    assert b"".join([first, *rest]) == whole
+    doc = b"".join(iter_json_index("/big/", (Entry(f"c{i}", False, i) for i in range(5000)), chunk=1024))
+    last = {"name": "c4999", "href": "c4999", "type": "file", "size": 4999}
+    assert json.loads(doc)["entries"][4999] == last
+    assert json.loads(json_index("/", [])) == {"path": "/", "entries": []}
+
+
 @pytest.mark.parametrize(
     ("accept", "query", "expected"),
     [
@@ -160,3 +181,8 @@ def test_json_index() -> None:
 )
 def test_wants_json(accept: str | None, query: str, expected: bool) -> None:
     assert wants_json(accept, query) is expected
+
+
+@given(st.text(max_size=80), st.text(max_size=40))
+def test_wants_json_answers_any_header(accept: str, query: str) -> None:
+    assert wants_json(accept, query) in (True, False)

@@ -112,3 +112,21 @@ def test_precedence() -> None:
     assert is_not_modified("GET", if_none_match='"e"', if_modified_since=old, **kw)
     assert not is_not_modified("POST", if_none_match='"e"', if_modified_since=None, **kw)
     assert not is_not_modified("GET", if_none_match=None, if_modified_since=None, **kw)
+
+
+etagc = st.text(alphabet=st.characters(min_codepoint=0x23, max_codepoint=0x7E), max_size=12)
+
+
+@given(st.lists(etagc, max_size=5), etagc, st.booleans(), st.sampled_from([",", ", ", " ,\t", ",,"]))
+def test_if_none_match_lists(others: list[str], mine: str, weak: bool, sep: str) -> None:
+    etag = f'"{mine}"'
+    listed = [f'"{o}"' for o in others]
+    header = sep.join([*listed, ('W/' if weak else '') + etag])
+    assert not_modified(header, etag)
+    assert not_modified(sep.join(listed), etag) == (etag in listed)
+
+
+@given(st.text(max_size=60))
+def test_any_header_is_answered(header: str) -> None:
+    assert not_modified(header, '"abc"') in (True, False)
+    assert not_modified_since(header, MTIME) in (True, False)
