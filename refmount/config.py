@@ -313,6 +313,26 @@ def split_listen(text: str, name: str = "listen") -> tuple[str, int]:
 
 
 @dataclass(frozen=True)
+class Cors:
+    """``*`` or origins (``scheme://host[:port]``) separated by ``|``; checked by
+    ``cors.cors_problem``."""
+
+    metavar: str = "ORIGIN[|ORIGIN...]|*"
+    pytype: str = "str | None"
+
+    def parse(self, name: str, text: str) -> str:
+        from .cors import cors_problem
+
+        problem = cors_problem(text)
+        if problem is not None:
+            raise ConfigError(problem)
+        return text
+
+    def show(self, value: Any) -> str:
+        return "none" if value is None else str(value)
+
+
+@dataclass(frozen=True)
 class TokenFile:
     """``@FILE``: a file holding a secret. The path is kept, never the secret (the
     configuration is logged); the serving process reads it (``read_token``)."""
@@ -347,7 +367,7 @@ def read_token(path: str, name: str = "auth_token") -> str:
 
 
 Kind = (Flag | Text | Choice | Json | Int | Size | Seconds | Directory | LogTarget | Directories
-        | Listen | TokenFile)
+        | Listen | Cors | TokenFile)
 
 
 @dataclass(frozen=True)
@@ -476,7 +496,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("listen", Listen(), "127.0.0.1:8080",
            "refmount serve: the address and port to listen on (a non-loopback address "
            "serves other hosts: an explicit choice)"),
-    Option("cors", Text("ORIGIN|*"), None,
+    Option("cors", Cors(), None,
            "refmount serve: the origin browsers may read from (Access-Control-Allow-Origin "
            "on every response), * for any", shown_default="no CORS headers"),
     Option("auth_token", TokenFile(), None,

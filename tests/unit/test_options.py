@@ -155,6 +155,9 @@ def test_serve_options_listen_and_token_file(tmp_path: Path) -> None:
     for bad in ("8080", "host:", ":80", "h:99999", "h:x"):
         with pytest.raises(ConfigError, match="listen must be HOST:PORT"):
             apply_options(cfg, [f"listen={bad}"])
+    apply_options(cfg, ["cors=https://a.example|http://b.example:8080"])
+    with pytest.raises(ConfigError, match="not an origin"):
+        apply_options(cfg, ["cors=https://a.example/path"])
     token = tmp_path / "token"
     token.write_text("abc123\n")
     apply_options(cfg, [f"auth_token=@{token}"])
