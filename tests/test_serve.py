@@ -339,3 +339,25 @@ def test_browser_reads_a_range_and_a_missing_key_across_origins(serve, datasets,
     assert not r["refused"]["ok"], r["refused"]
     assert any("blocked by CORS policy" in line for line in report.console), report.log()
     assert with_cors.stats()["http_status"].get("204", 0) >= 1  # the preflight was answered
+
+
+@pytest.mark.parametrize("decode", [False, True], ids=["raw", "decode"])
+def test_parquet_set_over_http(serve, tmp_path, decode):
+    """A Parquet reference set (kerchunk's refs_to_dataframe): its own .zmetadata at the root,
+    chunks computed from the arrays' grids, read by xarray over HTTP."""
+    from support import parquet_data as pdata
+
+    nc = tmp_path / "data.nc"
+    pdata.make_nc(nc)
+    pq_set = pdata.kerchunk_to_parquet(pdata.kerchunk_refs(nc), tmp_path / "refs.parq", record_size=4)
+    # a shared service: local targets beside a Parquet set are read only where allowed
+    s = serve(pq_set, f"allow_local={tmp_path}", *(["decode"] if decode else []))
+    d = xr.open_zarr(s.url, consolidated=True)
+    o = xr.open_dataset(nc)
+    for v in o.variables:
+        np.testing.assert_array_equal(d[v].values, o[v].values, err_msg=v)
+    assert b'href=".zmetadata"' in s.request("GET", "/").body
+    if not decode:  # without allow_local, the target beside the set is refused when read
+        confined = serve(pq_set)
+        assert confined.request("GET", "/t/0").status == 502
+        assert "outside the allowed directories" in confined.log_text()
