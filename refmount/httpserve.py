@@ -25,10 +25,13 @@ What a response promises (docs/semantics.md, "The HTTP view"):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import urllib.parse
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +45,7 @@ from .core import SetCore
 from .cors import cors_headers, preflight_headers
 from .decoded import DecodedArray
 from .errors import FetchError, ReadError
+from .fetch import await_task
 from .httprange import RangeNotSatisfiable, content_range, if_range_matches, parse_range, unsatisfied_range
 from .reader import ReadState
 from .refs import Ref, RefKind
@@ -53,6 +57,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["STATS_PATH", "HttpFrontEnd", "ServerStats"]
 
+LISTING_BATCH = 1024  # directory entries taken from the tree at a time
 READ_PIECE = 1 << 20  # bytes asked of the reader at a time
 WRITE_PIECE = 1 << 18  # bytes handed to the transport at a time (a slow client holds ~this)
 CONDITION_HEADERS = ("Range", "If-Range", "If-None-Match", "If-Modified-Since")
@@ -146,6 +151,7 @@ class HttpFrontEnd:
         self._identity = core.info.get("source", "")
         self._zmetadata: bytes | None = None
         self._mtime = core.mtime_ns / 1e9  # every file's time stamp
+        self._listing_threads = trio.CapacityLimiter(4)  # listings rendered at once
         self._last_modified = last_modified(self._mtime)
         self._server = web_server.Server(
             self.handle, handler_cancellation=True, access_log=None,
@@ -335,17 +341,24 @@ class HttpFrontEnd:
     # ---- directories -------------------------------------------------------------------------
     async def _listing(self, request: BaseRequest, found: _Found,
                        headers: dict[str, str]) -> web.StreamResponse:
-        entries = await self.caller.call(self._entries, found)
+        """A listing streamed as the tree gives its entries (memory bounded by a batch of
+        entries and a piece of the page, whatever the directory's size)."""
         path = "/" + found.key + ("/" if found.key else "")
+        as_json = listing.wants_json(request.headers.get("Accept"), request.rel_url.query_string)
         headers["Cache-Control"] = self.cache_control
-        if listing.wants_json(request.headers.get("Accept"), request.rel_url.query_string):
-            body = listing.json_index(path, entries)
-            headers["Content-Type"] = "application/json"
-        else:
-            body = listing.html_index(path, entries, mtime=self.core.mtime_ns / 1e9)
-            headers["Content-Type"] = "text/html; charset=utf-8"
-        data = body.encode() if isinstance(body, str) else body
-        return web.Response(status=200, headers=headers, body=data)
+        headers["Content-Type"] = "application/json" if as_json else "text/html; charset=utf-8"
+        response = web.StreamResponse(status=200, headers=headers)
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        if request.method != "HEAD":
+            loop = asyncio.get_running_loop()
+            try:
+                await self.caller.call(self._render_listing, found, path, as_json, loop, response)
+            except (ReadError, ConnectionError, TimeoutError) as e:
+                log.error("listing %s: %s: response cut off", path, e)
+                return self._abort(request, response)
+        await response.write_eof()
+        return response
 
     # ---- trio side: the core's calls ---------------------------------------------------------
     async def _find(self, parts: list[bytes]) -> _Found | None:
@@ -426,18 +439,58 @@ class HttpFrontEnd:
         stats.bytes_read += len(data)
         return data
 
-    async def _entries(self, found: _Found) -> list[tuple[str, bool, int | None]]:
+    async def _entries(self, found: _Found) -> AsyncIterator[tuple[str, bool, int | None]]:
+        """The entries of a directory, the synthesized ``.zmetadata`` among the root's when
+        the set has none."""
         assert found.node is not None
-        out: list[tuple[str, bool, int | None]] = []
-        names: set[str] = set()
-        async for name, _ino, is_dir, _next, size in self.core.tree.entries(found.node):
-            text = name.decode("utf-8", "surrogateescape")
-            names.add(text)
-            out.append((text, is_dir, None if is_dir or size < 0 else size))
-        if not found.key and ".zmetadata" not in names:
-            out.append((".zmetadata", False, len(await self._synthesized_zmetadata())))
-            out.sort(key=lambda e: e[0].encode("utf-8", "surrogateescape"))
-        return out
+        tree = self.core.tree
+        synthesize = not found.key and await tree.lookup(tree.root, b".zmetadata") is None
+        async with aclosing(tree.entries(found.node)) as entries:
+            async for name, _ino, is_dir, _next, size in entries:
+                if synthesize and name > b".zmetadata":
+                    synthesize = False
+                    yield ".zmetadata", False, len(await self._synthesized_zmetadata())
+                yield (name.decode("utf-8", "surrogateescape"), is_dir,
+                       None if is_dir or size < 0 else size)
+        if synthesize:
+            yield ".zmetadata", False, len(await self._synthesized_zmetadata())
+
+    async def _render_listing(self, found: _Found, path: str, as_json: bool,
+                              loop: asyncio.AbstractEventLoop, response: web.StreamResponse) -> None:
+        """Render a listing in a worker thread (``listing.iter_*_index`` are generators
+        over an iterable of entries), which takes the entries from trio in batches and
+        hands each piece of the page to the response on the asyncio loop, waiting for the
+        client to take it (``client_timeout``)."""
+        entries = self._entries(found)
+        timeout = self.client_timeout
+
+        async def next_batch() -> list[tuple[str, bool, int | None]]:
+            batch: list[tuple[str, bool, int | None]] = []
+            with contextlib.suppress(StopAsyncIteration):
+                while len(batch) < LISTING_BATCH:
+                    batch.append(await entries.__anext__())
+            return batch
+
+        async def write(piece: bytes) -> None:
+            async def send() -> None:
+                async with asyncio.timeout(timeout):
+                    await response.write(piece)
+
+            await await_task(loop, send())
+            self.stats.http_bytes_sent += len(piece)
+
+        def render() -> None:
+            def pulled() -> Iterator[tuple[str, bool, int | None]]:
+                while batch := trio.from_thread.run(next_batch):
+                    yield from batch
+
+            pieces = (listing.iter_json_index(path, pulled()) if as_json
+                      else listing.iter_html_index(path, pulled(), mtime=self._mtime))
+            for piece in pieces:
+                trio.from_thread.run(write, piece)
+
+        async with aclosing(entries):
+            await trio.to_thread.run_sync(render, limiter=self._listing_threads)
 
     async def _synthesized_zmetadata(self) -> bytes:
         """The consolidated metadata of a set that has none, made once (in a worker thread:

@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import netCDF4
 import numpy as np
@@ -361,3 +362,22 @@ def test_parquet_set_over_http(serve, tmp_path, decode):
         confined = serve(pq_set)
         assert confined.request("GET", "/t/0").status == 502
         assert "outside the allowed directories" in confined.log_text()
+
+
+def test_large_directory_listing_is_complete_and_streamed(serve, tmp_path):
+    """300,000 keys in one directory: the HTML and JSON listings name every one, and the
+    server's memory does not grow with the page (it is streamed as the tree gives entries)."""
+    n = 300_000
+    refs = {f"d/k{i:06d}": "x" for i in range(n)}
+    refs[".zgroup"] = '{"zarr_format":2}'
+    s = serve(write_json(tmp_path / "refs.json", refs))
+    s.request("GET", "/")  # a small listing warms the process up
+    before = s.rss()
+    Path(f"/proc/{s.pid}/clear_refs").write_text("5")  # peak RSS from now on
+    page = s.request("GET", "/d/").body
+    assert page.count(b'<a href="k') == n, page[-300:]
+    names = json.loads(s.request("GET", "/d/", {"Accept": "application/json"}).body)
+    assert len(names["entries"]) == n
+    peak = next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{s.pid}/status").read_text().splitlines()
+                if line.startswith("VmHWM:"))
+    assert len(page) > 16 * 2**20 and peak - before < 16 * 2**20, (len(page), peak - before)
