@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .api import mounted, unmount
+from .api import mounted, served, unmount
 from .errors import MountError
 
 try:
@@ -12,4 +12,4 @@ try:
 except PackageNotFoundError:  # running from a source tree without installation
     __version__ = "0.0.0+unknown"
 
-__all__ = ["MountError", "__version__", "mounted", "unmount"]
+__all__ = ["MountError", "__version__", "mounted", "served", "unmount"]

@@ -1,4 +1,5 @@
-"""Mounting from Python: ``with refmount.mounted(source, mountpoint, **options) as path:``."""
+"""Mounting and serving from Python: ``with refmount.mounted(source, mountpoint, **options) as
+path:`` and ``with refmount.served(source, **options) as url:``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -15,7 +17,7 @@ from typing import Any
 
 from .errors import MountError
 
-__all__ = ["MountError", "is_mounted", "mounted", "unmount"]
+__all__ = ["MountError", "is_mounted", "mounted", "served", "unmount"]
 
 log = logging.getLogger("refmount")
 
@@ -103,3 +105,49 @@ def mounted(source: str | os.PathLike[str], mountpoint: str | os.PathLike[str] |
         if tmp:
             with contextlib.suppress(OSError):
                 os.rmdir(tmp)
+
+
+def _run_refmount(args: list[str]) -> str:
+    """Run the CLI; its stdout, or MountError with its error line."""
+    result = subprocess.run([sys.executable, "-m", "refmount", *args], capture_output=True,
+                            text=True, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+        message = lines[-1] if lines else f"refmount exited with status {result.returncode}"
+        raise MountError(message.removeprefix("refmount: error: "))
+    return result.stdout
+
+
+def _stop(pid: int, timeout: float = 30.0) -> None:
+    """SIGTERM, then wait until the process is gone (SIGKILL after ``timeout``)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            deadline += timeout
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def served(source: str | os.PathLike[str], listen: str = "127.0.0.1:0", **options: Any) -> Iterator[str]:
+    """Serve ``source`` over HTTP from a detached server (``refmount serve``), yield its base
+    URL (``http://127.0.0.1:PORT/``) once it answers, and always stop it on exit. ``listen``
+    defaults to a free loopback port; options are as for :func:`mounted`. Raises
+    :class:`MountError` with refmount's message if serving fails."""
+    opts = [o for o in (_option(k, v) for k, v in options.items()) if o]
+    args = ["serve", os.fspath(source), "--listen", listen]
+    if opts:
+        args += ["-o", ",".join(opts)]
+    out = _run_refmount(args).split()
+    url, pid = out[0], int(out[1])
+    try:
+        yield url
+    finally:
+        _stop(pid)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 
 from . import __version__
 from .cachedir import check_cache_dir
@@ -104,11 +104,100 @@ def config_from_args(args: argparse.Namespace,
 SUBCOMMANDS = ("expand", "inspect", "stats")
 
 
+def _serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="refmount serve",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve a kerchunk reference set over HTTP: the tree a mount shows, read-only "
+        "(GET/HEAD with ranges, directory listings, a .zmetadata at the root). Detached, prints "
+        "the base URL and the server's process id once it answers; stop it with kill PID.",
+        epilog=f"options (-o), the same as a mount's:\n{options_help()}",
+    )
+    p.add_argument("source", metavar="SOURCE", help="reference set: local path or fsspec URL")
+    p.add_argument("--listen", metavar="HOST:PORT", default=None,
+                   help="address to listen on (default 127.0.0.1:8080; port 0: any free port)")
+    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
+                   help="options, see below")
+    p.add_argument("-f", "--foreground", action="store_true",
+                   help="serve in the foreground (log to stderr unless log= says otherwise)")
+    p.add_argument("-d", "--debug", action="store_true", help="foreground with debug logging")
+    return p
+
+
+def serve_config(args: argparse.Namespace) -> MountConfig:
+    source = args.source
+    if is_local(source):
+        source = os.path.abspath(local_path(source))
+    cfg = MountConfig(source=source, mountpoint="", serving=True)
+    apply_options(cfg, [o for group in args.options for o in split_options(group)])
+    if args.listen is not None:
+        apply_options(cfg, [f"listen={args.listen}"])
+    if args.debug:
+        cfg.debug = True
+        cfg.log_level = "debug"
+        cfg.foreground = True
+    if args.foreground:
+        cfg.foreground = True
+    return cfg
+
+
+def _run_serve(argv: list[str]) -> int:
+    args = _serve_parser().parse_args(argv)
+    cfg = serve_config(args)
+    _stderr_warnings()
+    if cfg.disk_cache:
+        try:
+            check_cache_dir(cfg.cache_dir)  # before anything is written there
+        except MountError as e:
+            return _fail(str(e))
+    if cfg.foreground:
+        from .indexer import Indexer, IndexerError
+
+        indexer = Indexer(cfg)
+        try:
+            from .httpdaemon import serve  # imported while the child parses
+        except BaseException:
+            indexer.kill()
+            raise
+        try:
+            index_file = indexer.result()
+        except IndexerError as e:
+            return _fail(str(e))
+        from .daemon import setup_logging
+
+        setup_logging(cfg, detached=False)
+        try:
+            return serve(cfg, index_file, on_ready=lambda url: print(url, os.getpid(), flush=True))
+        except MountError as e:
+            return _fail(str(e))
+        finally:
+            _remove_temporary(index_file)
+    launcher = None
+    index_file = None
+    try:
+        launcher = DaemonLauncher(cfg.listen, module="refmount.httpdaemon")
+        index_file = index_source(cfg)
+        check_index_targets(cfg, index_file)
+        advise_on_decoding(cfg, index_file)
+    except BaseException as e:
+        if launcher is not None:
+            launcher.abort()
+        if index_file is not None:
+            _remove_temporary(index_file)
+        if isinstance(e, ReferenceSetError | MountError | TargetRefused):
+            return _fail(str(e))
+        if isinstance(e, MemoryError):
+            return _fail(f"{cfg.source}: out of memory while indexing the reference set")
+        raise
+    return launcher.hand_over(cfg, index_file, on_ready=lambda what: print(what, flush=True))
+
+
 def _tool_parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"refmount {command}")
     if command == "stats":
-        p.description = "Show the counters of a mounted reference set."
-        p.add_argument("mountpoint", metavar="MOUNTPOINT")
+        p.description = ("Show the counters of a mounted reference set, or of a refmount serve "
+                         "server given its base URL.")
+        p.add_argument("mountpoint", metavar="MOUNTPOINT|URL")
     else:
         p.add_argument("source", metavar="SOURCE", help="reference set (path or fsspec URL)")
         p.add_argument("--target-options", default="{}", metavar="JSON|@FILE",
@@ -133,7 +222,10 @@ def _run_tool(command: str, argv: list[str]) -> int:
 
     args = _tool_parser(command).parse_args(argv)
     if command == "stats":
-        stats = tools.read_stats(os.path.abspath(args.mountpoint))
+        if args.mountpoint.startswith(("http://", "https://")):
+            stats = tools.read_server_stats(args.mountpoint)
+        else:
+            stats = tools.read_stats(os.path.abspath(args.mountpoint))
         print(json.dumps(stats, indent=2) if args.json else tools.format_stats(stats))
         return 0
     options = _json_option("--target-options", args.target_options)
@@ -159,6 +251,8 @@ def main(argv: list[str] | None = None, credentials_warning: str | None = None) 
     argv = sys.argv[1:] if argv is None else argv
     ignore_user_signals()
     try:
+        if argv and argv[0] == "serve":
+            return _run_serve(argv[1:])
         if argv and argv[0] in SUBCOMMANDS:
             _stderr_warnings()
             if credentials_warning:
@@ -324,11 +418,11 @@ class DaemonLauncher:
     (pyarrow, fsspec, aiohttp, trio, pyfuse3: most of a second) overlap the parsing. It
     waits for its configuration on stdin; closing stdin without one makes it exit."""
 
-    def __init__(self, mountpoint: str) -> None:
+    def __init__(self, mountpoint: str, module: str = "refmount.daemon") -> None:
         self._read_fd, write_fd = os.pipe()
         self._errlog = tempfile.TemporaryFile()  # noqa: SIM115 (closed in _close)
         self.proc = subprocess.Popen(
-            module_command("refmount.daemon", "--ready-fd", str(write_fd), mountpoint),
+            module_command(module, "--ready-fd", str(write_fd), mountpoint),
             env=child_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
@@ -353,8 +447,10 @@ class DaemonLauncher:
             os.close(self._read_fd)
         self._errlog.close()
 
-    def hand_over(self, cfg: MountConfig, index_file: IndexFile) -> int:
-        """Send the configuration, wait until the mount answers; 0 or a reported failure."""
+    def hand_over(self, cfg: MountConfig, index_file: IndexFile,
+                  on_ready: Callable[[str], None] | None = None) -> int:
+        """Send the configuration, wait until the mount answers; 0 or a reported failure.
+        ``on_ready`` is given what follows ``READY`` in the daemon's report."""
         assert self.proc.stdin is not None
         payload = {"config": vars(cfg), "index": vars(index_file)}
         try:
@@ -364,7 +460,9 @@ class DaemonLauncher:
             pass  # it died early; its stderr says why
         message = _read_ready(self._read_fd, READY_TIMEOUT)
         try:
-            if message == "READY":
+            if message is not None and message.split(" ", 1)[0] == "READY":
+                if on_ready is not None:
+                    on_ready(message.partition(" ")[2])
                 return 0
             return self._failed(message, index_file)
         finally:
@@ -386,7 +484,7 @@ class DaemonLauncher:
         tail = [ln for ln in self._errlog.read().decode(errors="replace").splitlines() if ln.strip()]
         why = tail[-1] if tail else f"exit status {code}"
         if message is None:
-            return _fail(f"the mount did not answer within {READY_TIMEOUT:g} s ({why})")
+            return _fail(f"the daemon did not answer within {READY_TIMEOUT:g} s ({why})")
         return _fail(f"daemon exited during start-up: {why}")
 
 

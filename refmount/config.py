@@ -290,7 +290,86 @@ class Directories:
         return ":".join(value)
 
 
-Kind = Flag | Text | Choice | Json | Int | Size | Seconds | Directory | LogTarget | Directories
+@dataclass(frozen=True)
+class Listen:
+    """``HOST:PORT`` (``[V6]:PORT`` for IPv6); port 0 lets the system choose."""
+
+    metavar: str = "HOST:PORT"
+    pytype: str = "str"
+
+    def parse(self, name: str, text: str) -> str:
+        split_listen(text, name)
+        return text
+
+    def show(self, value: Any) -> str:
+        return str(value)
+
+
+def split_listen(text: str, name: str = "listen") -> tuple[str, int]:
+    """``HOST:PORT`` -> (host, port); ConfigError naming the problem."""
+    host, sep, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{name} must be HOST:PORT (e.g. 127.0.0.1:8080), got {text!r}")
+    return host, int(port)
+
+
+@dataclass(frozen=True)
+class Cors:
+    """``*`` or origins (``scheme://host[:port]``) separated by ``|``; checked by
+    ``cors.cors_problem``."""
+
+    metavar: str = "ORIGIN[|ORIGIN...]|*"
+    pytype: str = "str | None"
+
+    def parse(self, name: str, text: str) -> str:
+        from .cors import cors_problem
+
+        problem = cors_problem(text)
+        if problem is not None:
+            raise ConfigError(problem)
+        return text
+
+    def show(self, value: Any) -> str:
+        return "none" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """``@FILE``: a file holding a secret. The path is kept, never the secret (the
+    configuration is logged); the serving process reads it (``read_token``)."""
+
+    metavar: str = "@FILE"
+    pytype: str = "str | None"
+
+    def parse(self, name: str, text: str) -> str:
+        if not text.startswith("@") or len(text) < 2:
+            raise ConfigError(f"{name} takes @FILE, a file holding the token (never the token "
+                              "itself: it would show in ps and logs)")
+        path = os.path.abspath(text[1:])
+        read_token(path, name)
+        return path
+
+    def show(self, value: Any) -> str:
+        return "none" if value is None else f"@{value}"
+
+
+def read_token(path: str, name: str = "auth_token") -> str:
+    """The token in ``path`` (surrounding white space stripped); ConfigError if unusable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read(4097).strip()
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+        raise ConfigError(f"{name}: cannot read {path}: {why}") from None
+    if not token or len(token) > 4096 or any(c.isspace() or not c.isprintable() for c in token):
+        raise ConfigError(f"{name}: {path} must hold one token of 1 to 4096 printable "
+                          "characters without spaces")
+    return token
+
+
+Kind = (Flag | Text | Choice | Json | Int | Size | Seconds | Directory | LogTarget | Directories
+        | Listen | Cors | TokenFile)
 
 
 @dataclass(frozen=True)
@@ -428,6 +507,21 @@ OPTIONS: tuple[Option, ...] = (
            "most bytes a Parquet record file may decode to; a larger one gives EIO for its keys"),
     Option("max_source", Size(lo=0), 2 * 2**30,
            "most bytes of SOURCE read, after any decompression (0: no limit)"),
+    # serving over HTTP (refmount serve)
+    Option("listen", Listen(), "127.0.0.1:8080",
+           "refmount serve: the address and port to listen on (a non-loopback address "
+           "serves other hosts: an explicit choice)"),
+    Option("cors", Cors(), None,
+           "refmount serve: the origin browsers may read from (Access-Control-Allow-Origin "
+           "on every response), * for any", shown_default="no CORS headers"),
+    Option("auth_token", TokenFile(), None,
+           "refmount serve: require 'Authorization: Bearer TOKEN', the token read from FILE",
+           shown_default="none"),
+    Option("max_clients", Int(1, 100_000), 256,
+           "refmount serve: client connections open at once; more are answered 503 and closed"),
+    Option("client_timeout", Seconds(), 60.0,
+           "refmount serve: a client that reads nothing of its response (or sends nothing "
+           "on an idle connection) for this long is disconnected"),
 )
 
 OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
@@ -440,13 +534,14 @@ class _MountBase:
     source: str = ""
     mountpoint: str = ""
     foreground: bool = False
+    serving: bool = False  # refmount serve: a shared service, confined as allow_other
 
     def local_roots(self) -> list[str]:
         """Directories local targets may lie under (``allow_local``, or its default)."""
         allow_local: list[str] | None = self.allow_local  # type: ignore[attr-defined]
         if allow_local is not None:
             return allow_local
-        if not (self.allow_other or self.allow_root):  # type: ignore[attr-defined]
+        if not (self.allow_other or self.allow_root or self.serving):  # type: ignore[attr-defined]
             return ["/"]
         if is_local(self.source):
             real = os.path.realpath(local_path(self.source))  # a directory is a Parquet set: itself

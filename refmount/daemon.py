@@ -8,7 +8,6 @@ argv, to keep secrets out of ``ps``) and reports readiness on an inherited pipe.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import logging.handlers
@@ -22,24 +21,21 @@ import pyfuse3
 import trio
 
 from . import guestloop, process
-from .cache import Block, DiskCache, MemoryLRU
+from .cache import DiskCache
 from .cachewriter import CacheWriter
 from .config import MountConfig, describe_options
-from .decoded import ChunkDecoder, DecodedTree, DecodedView
+from .core import SetCore, build_core
+from .decoded import ChunkDecoder
 from .errors import MountError
 from .fetch import Fetcher
 from .fs import RefFS
 from .mountfailure import captured_stderr, explain
 from .mountpoint import check_mountpoint
 from .pagepush import PagePusher
-from .policy import target_policy
 from .reader import RefReader
 from .redact import RedactingFormatter, redact_url
-from .refs import IndexFile, Ref, format_named
-from .refs.limits import Limits
+from .refs import IndexFile
 from .stats import Stats
-from .tree import Tree
-from .urlenv import environment_identity
 
 log = logging.getLogger("refmount")
 
@@ -59,7 +55,8 @@ def setup_logging(cfg: MountConfig, detached: bool) -> str:
             process.private_dir(os.path.join(cfg.cache_dir, "log"))
         except process.UnsafeDirectory as e:
             raise MountError(str(e)) from None
-        name = cfg.mountpoint.strip("/").replace("/", "_") or "root"
+        where = cfg.mountpoint or f"serve-{cfg.listen}"  # refmount serve has no mountpoint
+        name = where.strip("/").replace("/", "_").replace(":", "_") or "root"
         target = os.path.join(cfg.cache_dir, "log", f"{name}.log")
         nofollow = os.O_NOFOLLOW
     if target == "stderr":
@@ -115,162 +112,84 @@ def sd_notify(message: str) -> None:
 
 
 class Mount:
-    """A built file system and everything that serves it, owning their start-up and shutdown.
+    """One set's core (``core.SetCore``) and the FUSE operations over it, owning their
+    start-up and shutdown.
 
-    The parts are made by ``build_filesystem``; nothing runs yet and nothing is left behind if
-    it is dropped (``close`` is safe at any point). Serving goes in this order:
-
-    1. ``bind_loop(loop)``: fsspec's async file systems live on the asyncio loop trio runs as
-       a guest of (``guestloop``);
-    2. ``start(nursery)``: the FUSE operations, the reader, the decoder and the fetcher run
-       their background work (readahead, merged requests, kernel notifications) in the
-       daemon's nursery, and the idle-time heap trim starts;
-    3. the mount answers (the daemon's business: ``pyfuse3.init``, READY);
-    4. ``warm()``: the disk cache's writer process starts and the cache directory is listed
-       (after READY: a large one takes a while), then returns;
-    5. ``aclose()`` on the loop once trio is done (HTTP sessions), then ``close()``: the
-       decoder's threads stop, the cache writer finishes its queued blocks (up to
-       ``timeout``) and exits.
+    Made by ``build_filesystem``; nothing runs yet and nothing is left behind if it is
+    dropped (``close`` is safe at any point). Serving follows the core's lifecycle
+    (``core.py``): ``bind_loop``, ``start(nursery)`` (which also gives the FUSE operations
+    the nursery their kernel notifications run in), the mount answers (the daemon's
+    business: ``pyfuse3.init``, READY), ``warm()``, then ``aclose()`` and ``close()``.
     """
 
-    def __init__(self, fs: RefFS, fetcher: Fetcher, reader: RefReader, disk: DiskCache | None,
-                 writer: CacheWriter | None, decoder: ChunkDecoder | None) -> None:
+    def __init__(self, core: SetCore, fs: RefFS) -> None:
+        self.core = core
         self.fs = fs
-        self.fetcher = fetcher
-        self.reader = reader
-        self.disk = disk
-        self.writer = writer
-        self.decoder = decoder
-        self._nursery: trio.Nursery | None = None
 
     @property
     def stats(self) -> Stats:
-        return self.fs.stats
+        return self.core.stats
 
     @property
     def info(self) -> dict[str, str]:
-        return self.fs.info
+        return self.core.info
+
+    @property
+    def fetcher(self) -> Fetcher:
+        return self.core.fetcher
+
+    @property
+    def reader(self) -> RefReader:
+        return self.core.reader
+
+    @property
+    def disk(self) -> DiskCache | None:
+        return self.core.disk
+
+    @property
+    def writer(self) -> CacheWriter | None:
+        return self.core.writer
+
+    @property
+    def decoder(self) -> ChunkDecoder | None:
+        return self.core.decoder
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.fetcher.bind_loop(loop)
+        self.core.bind_loop(loop)
 
     def start(self, nursery: trio.Nursery, trim: Callable[[int], int] | None = None) -> None:
-        """Background work of every part runs in ``nursery`` from now on; with ``trim``
-        (``malloc_trim``), freed heap memory is given back after a few idle seconds."""
-        self._nursery = nursery
+        """Background work of the FUSE operations and of every part of the core runs in
+        ``nursery`` from now on (see ``SetCore.start``)."""
         self.fs.attach(nursery)
-        self.reader.attach(nursery)
-        if self.decoder is not None:
-            self.decoder.attach(nursery)
-        self.fetcher.attach(nursery)
-        if trim is not None:
-            nursery.start_soon(self._trim_when_idle, trim)
+        self.core.start(nursery, trim)
 
     async def warm(self) -> None:
-        """Start the disk cache's writer process and learn which blocks are on disk (a
-        worker thread); the writer's log lines are relayed in the nursery until it exits."""
-        assert self._nursery is not None, "start() first"
-        if self.writer is not None and (child_log := self.writer.start()) is not None:
-            self._nursery.start_soon(self.writer.relay_logs, child_log)
-        if self.disk is not None:
-            await trio.to_thread.run_sync(self.disk.scan, abandon_on_cancel=True)
-
-    async def _trim_when_idle(self, trim: Callable[[int], int]) -> None:
-        """Give freed heap memory back to the system after a few seconds without reads."""
-        last, trimmed = -1, True
-        while True:
-            await trio.sleep(5.0)
-            reads = self.stats.reads
-            if reads != last:
-                last, trimmed = reads, False
-            elif not trimmed:
-                trim(0)  # a few milliseconds, once per idle period
-                trimmed = True
+        await self.core.warm()
 
     async def aclose(self) -> None:
-        """Close the HTTP sessions of the fetcher's file systems (on the asyncio loop)."""
-        await self.fetcher.aclose()
+        await self.core.aclose()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the cache writer once it has written its queued blocks (up to ``timeout``).
-        Idempotent, and safe whether or not the mount was started."""
-        if self.decoder is not None:
-            self.decoder.close()
-        if self.writer is not None:
-            self.writer.close(timeout=timeout)
-        self._nursery = None
+        self.core.close(timeout=timeout)
 
 
 def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> Mount:
-    """The parts of a mount of ``index_file``, wired and not yet running (see ``Mount``)."""
-    stats = Stats()
-    fetcher = Fetcher(
-        cfg.remote_options,
-        target_policy(cfg),
-        timeout=cfg.timeout,
-        retries=cfg.retries,
-        max_connections=cfg.max_connections,
-        stats=stats,
-        merge_gap=cfg.merge_gap,
-        merge_limit=cfg.block_size,
-    )
-    disk = writer = None
-    if cfg.disk_cache:
-        # A reference's URL is resolved like the fetcher does (SOURCE's directory,
-        # remote_protocol), and the storage options (endpoint, ...) and the environment the
-        # backends read them from (AWS_ENDPOINT_URL, ...: urlenv.py) are part of the key.
-        options = hashlib.sha256(json.dumps([cfg.remote_options, environment_identity()],
-                                            sort_keys=True, default=str).encode())
-        tag, identity = options.hexdigest()[:16], fetcher.policy.cache_identity
-        disk = DiskCache(cfg.cache_dir, cfg.cache_size, target_key=lambda url: f"{tag}\0{identity(url)}")
-        writer = CacheWriter(disk, stats)
-    reader = RefReader(
-        fetcher,
-        MemoryLRU(cfg.memory_cache_size),
-        disk,
-        disk_writer=writer,
-        whole_fetch_limit=cfg.whole_fetch_limit,
-        block_size=cfg.block_size,
-        max_readahead=cfg.max_readahead,
-        stats=stats,
-    )
-    fmt = format_named(index_file.kind)
-    opened = fmt.open_tree(index_file, cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
-                           limits=Limits.from_config(cfg), relative=fetcher.policy.relative)
-    tree: Tree = opened.tree
-    mtime_ns = opened.mtime_ns
-    info = {"source": redact_url(cfg.source), "format": fmt.name, **opened.info}
-    info["keys"] = str(len(tree))
-    decoder = None
-    if cfg.decode:
-        view = DecodedView.from_index(opened.metadata)
-        view.warn()
-        info.update(view.describe())
-        tree = DecodedTree(tree, view)
-
-        async def read_stored(ref: Ref) -> Block:
-            return await reader.read(ref, 0, await reader.size(ref))
-
-        decoder = ChunkDecoder(
-            view, reader.memory, read_stored, resolve=tree.resolve,
-            # decoded bytes in flight: a quarter of the memory cache, the chunks decoded
-            # ahead of a reader included (they land there)
-            max_bytes=max(cfg.memory_cache_size // 4, 16 * 2**20), stats=stats,
-        )
+    """The core of ``index_file`` and the FUSE operations over it, not yet running."""
+    core = build_core(cfg, index_file)
     fs = RefFS(
-        tree,
-        reader,
-        stats,
-        pusher=PagePusher(pyfuse3.notify_store, stats) if cfg.page_push else None,
+        core.tree,
+        core.reader,
+        core.stats,
+        pusher=PagePusher(pyfuse3.notify_store, core.stats) if cfg.page_push else None,
         uid=cfg.uid,
         gid=cfg.gid,
         umask=cfg.umask,
         attr_timeout=cfg.attr_timeout,
-        mtime_ns=mtime_ns,
-        info=info,
-        decoder=decoder,
+        mtime_ns=core.mtime_ns,
+        info=core.info,
+        decoder=core.decoder,
     )
-    return Mount(fs, fetcher, reader, disk, writer, decoder)
+    return Mount(core, fs)
 
 
 def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None],

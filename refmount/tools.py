@@ -213,6 +213,21 @@ def read_stats(mountpoint: str) -> dict[str, Any]:
     return stats
 
 
+def read_server_stats(url: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The counters of a ``refmount serve`` server at base URL ``url``."""
+    import urllib.error
+    import urllib.request
+
+    from .httpserve import STATS_PATH
+
+    where = url.rstrip("/") + STATS_PATH
+    try:
+        with urllib.request.urlopen(where, timeout=timeout) as f:
+            return dict(json.loads(f.read()))
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise RuntimeError(f"{redact_url(url)}: not a refmount server ({e})") from None
+
+
 def format_stats(stats: dict[str, Any]) -> str:
     order = [
         ("source", "source"), ("keys", "keys"), ("uptime", "uptime (s)"),
@@ -227,6 +242,9 @@ def format_stats(stats: dict[str, Any]) -> str:
         ("misses", "cache misses"), ("cache_writes_dropped", "blocks not written to disk"),
         ("retries", "retries"), ("errors", "errors"),
         ("open_files", "open files"),
+        ("http_requests", "HTTP requests"), ("http_bytes_sent", "HTTP bytes sent"),
+        ("http_status", "HTTP responses by status"), ("http_aborted", "HTTP responses cut off"),
+        ("http_connections", "HTTP connections open"), ("http_refused", "HTTP connections refused"),
     ]
     rows = [(label, f"{stats[k]:,}" if isinstance(stats.get(k), int) else str(stats.get(k, "-")))
             for k, label in order if k in stats]

@@ -40,6 +40,7 @@ from support.mounts import (
     warn_problems,
 )
 from support.servers import NginxServer
+from support.serving import Servers
 
 # --- marks --------------------------------------------------------------------------------------
 
@@ -102,6 +103,17 @@ def mount(tmp_path):
     finally:
         LIVE_MOUNTERS.remove(mounter)
         warn_problems("mount", mounter.cleanup())
+
+
+@pytest.fixture
+def serve(tmp_path):
+    """Factory: ``serve(source, *opts) -> Served`` (``refmount serve``, detached, on a free
+    loopback port, asserted to start); every server is stopped at teardown."""
+    servers = Servers(tmp_path / "serve-logs")
+    try:
+        yield servers
+    finally:
+        servers.cleanup()
 
 
 @pytest.fixture

@@ -72,7 +72,7 @@ def test_docs_and_help_list_the_same_options_and_defaults():
 def test_dataclass_follows_the_table():
     cfg = MountConfig()
     fields = {f.name for f in dataclasses.fields(MountConfig)}
-    assert fields == {o.attr for o in OPTIONS} | {"source", "mountpoint", "foreground"}
+    assert fields == {o.attr for o in OPTIONS} | {"source", "mountpoint", "foreground", "serving"}
     for o in OPTIONS:
         want = o.default() if callable(o.default) else o.default
         assert getattr(cfg, o.attr) == want, o.name
@@ -142,3 +142,30 @@ def test_generic_mount_options_are_ignored():
     cfg = MountConfig()
     apply_options(cfg, ["ro", "_netdev", "noauto", "x-systemd.automount", "comment=x", "defaults"])
     assert cfg == MountConfig()
+
+
+def test_serve_options_listen_and_token_file(tmp_path: Path) -> None:
+    from refmount.config import MountConfig, apply_options, split_listen
+    from refmount.errors import ConfigError
+
+    cfg = MountConfig(source="/x", serving=True)
+    assert cfg.listen == "127.0.0.1:8080" and cfg.local_roots() == ["/"]
+    apply_options(cfg, ["listen=[::1]:0"])
+    assert split_listen(cfg.listen) == ("::1", 0)
+    for bad in ("8080", "host:", ":80", "h:99999", "h:x"):
+        with pytest.raises(ConfigError, match="listen must be HOST:PORT"):
+            apply_options(cfg, [f"listen={bad}"])
+    apply_options(cfg, ["cors=https://a.example|http://b.example:8080"])
+    with pytest.raises(ConfigError, match="not an origin"):
+        apply_options(cfg, ["cors=https://a.example/path"])
+    token = tmp_path / "token"
+    token.write_text("abc123\n")
+    apply_options(cfg, [f"auth_token=@{token}"])
+    assert cfg.auth_token == str(token)  # the path is kept, never the secret
+    with pytest.raises(ConfigError, match="@FILE"):
+        apply_options(cfg, ["auth_token=abc123"])
+    with pytest.raises(ConfigError, match="cannot read"):
+        apply_options(cfg, [f"auth_token=@{tmp_path / 'missing'}"])
+    token.write_text("two words")
+    with pytest.raises(ConfigError, match="one token"):
+        apply_options(cfg, [f"auth_token=@{token}"])
