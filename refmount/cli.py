@@ -228,7 +228,7 @@ def _warn_not_decoded(cfg: MountConfig, index_file: IndexFile) -> None:
 
     metadata = format_named(index_file.kind).metadata(index_file, cfg.source, cfg.target_options,
                                                       bad_keys=cfg.bad_keys)
-    DecodedView.from_index(metadata).warn()
+    DecodedView.from_index(metadata, cfg.max_chunk_bytes).warn()
 
 
 def _remove_temporary(index_file: IndexFile) -> None:

@@ -25,6 +25,7 @@ import trio
 from . import guestloop, process
 from .cache import Block, DiskCache, MemoryLRU
 from .cachewriter import CacheWriter
+from .codecworker import CodecWorkers
 from .config import MountConfig
 from .decoded import ChunkDecoder, DecodedTree, DecodedView
 from .errors import MountError
@@ -235,7 +236,7 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> Mount:
     info["keys"] = str(len(tree))
     decoder = None
     if cfg.decode:
-        view = DecodedView.from_index(opened.metadata)
+        view = DecodedView.from_index(opened.metadata, cfg.max_chunk_bytes)
         view.warn()
         info.update(view.describe())
         tree = DecodedTree(tree, view)
@@ -248,6 +249,9 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> Mount:
             # decoded bytes in flight: a quarter of the memory cache, the chunks decoded
             # ahead of a reader included (they land there)
             max_bytes=max(cfg.memory_cache_size // 4, 16 * 2**20), stats=stats,
+            # codecs off the allow-list: in worker processes, one per decode thread at most,
+            # each allowed its chunk's steps and decoded bytes twice over
+            workers=CodecWorkers(memory=2 * cfg.max_chunk_bytes + 256 * 2**20, label=cfg.mountpoint),
         )
     fs = RefFS(
         tree,
