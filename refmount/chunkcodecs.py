@@ -103,7 +103,7 @@ def decoded_size(codec: Any, m: int) -> int:
     if cid == "packbits":
         return max(m - 1, 0) * 8
     if cid == "base64":
-        return m * 3 // 4 + 3
+        return m * 3 // 4
     raise AssertionError(cid)
 
 
@@ -215,6 +215,7 @@ class ChunkCodecs:
     dtype: np.dtype  # as stored
     nbytes: int  # decoded chunk size
     configs: list[dict[str, Any]] = field(default_factory=list)  # compressor's (if any), filters'
+    ceiling: int | None = None  # the bound of a step after a codec whose sizes are not known
     limits: list[int | None] = field(init=False)
     _spec: bytes | None = field(default=None, init=False, repr=False)
 
@@ -223,7 +224,8 @@ class ChunkCodecs:
         sizes: list[int | None] = [self.nbytes]
         for f in self.filters:
             prev = sizes[-1]
-            sizes.append(None if prev is None else encoded_bound(f, prev))
+            bound = None if prev is None else encoded_bound(f, prev)
+            sizes.append(self.ceiling if bound is None else bound)
         # step i of decoding outputs: the compressor -> sizes[-1]; filter j -> sizes[j]
         steps = [sizes[-1]] if self.compressor is not None else []
         self.limits = steps + [sizes[j] for j in reversed(range(len(self.filters)))]
@@ -278,7 +280,8 @@ class ChunkCodecs:
 
     def _make_spec(self) -> bytes:
         return json.dumps({"configs": self.configs, "compressor": self.compressor is not None,
-                           "dtype": dtype_to_descr(self.dtype), "nbytes": self.nbytes},
+                           "dtype": dtype_to_descr(self.dtype), "nbytes": self.nbytes,
+                           "ceiling": self.ceiling},
                           sort_keys=True).encode()
 
     @classmethod
@@ -292,7 +295,9 @@ class ChunkCodecs:
         nbytes = int(obj["nbytes"])
         if not 0 <= nbytes <= 2**40:
             raise ValueError("bad chunk size")
-        return cls(comp, filters, descr_to_dtype(_tuples(obj["dtype"])), nbytes, obj["configs"])
+        ceiling = obj.get("ceiling")
+        return cls(comp, filters, descr_to_dtype(_tuples(obj["dtype"])), nbytes, obj["configs"],
+                   None if ceiling is None else int(ceiling))
 
 
 def _tuples(descr: Any) -> Any:

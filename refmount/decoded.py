@@ -215,8 +215,8 @@ def plan_array(path: str, meta: Any, max_chunk_bytes: int = DECODE_MAX_CHUNK_BYT
     if nbytes > max_chunk_bytes:
         return None, (f"a decoded chunk is {nbytes:,} bytes, more than max_chunk_bytes="
                       f"{max_chunk_bytes:,}")
-    chain = ChunkCodecs(compressor, filters, dtype, nbytes,
-                        [c.get_config() for c in codecs])
+    chain = ChunkCodecs(compressor, filters, dtype, nbytes, [c.get_config() for c in codecs],
+                        ceiling=2 * max_chunk_bytes)
     if chain.peak > 2 * max_chunk_bytes:
         return None, (f"a step of decoding a chunk may produce {chain.peak:,} bytes, more than "
                       f"twice max_chunk_bytes={max_chunk_bytes:,}")
