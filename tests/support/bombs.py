@@ -26,11 +26,22 @@ def zstd_rle(size: int) -> bytes:
 
 
 def deflate(size: int, wbits: int = 15) -> bytes:
-    """``size`` zero bytes as one zlib (wbits 15) or gzip (31) stream."""
-    c = zlib.compressobj(1, zlib.DEFLATED, wbits)
+    """``size`` zero bytes (a multiple of 16 MiB, or less) as one zlib (wbits 15) or gzip (31)
+    stream. After a full flush the compressor's state is the same for every piece of zeros,
+    so one piece's output is repeated; the trailer is computed for the whole."""
     zeros = bytes(min(size, PIECE))
-    parts = [c.compress(zeros[: min(PIECE, size - done)]) for done in range(0, size, PIECE)]
-    return b"".join(parts) + c.flush()
+    n = max(size // PIECE, 1)
+    assert n * len(zeros) == size
+    c = zlib.compressobj(9, zlib.DEFLATED, wbits)
+    first = c.compress(zeros) + c.flush(zlib.Z_FULL_FLUSH)
+    again = c.compress(zeros) + c.flush(zlib.Z_FULL_FLUSH) if n > 1 else b""
+    end = c.flush()  # an empty last block, then the trailer (for 2 pieces: replaced)
+    check = 1 if wbits == 15 else 0
+    for _ in range(n):
+        check = zlib.adler32(zeros, check) if wbits == 15 else zlib.crc32(zeros, check)
+    trailer = (struct.pack(">I", check) if wbits == 15
+               else struct.pack("<II", check, size & 0xFFFFFFFF))
+    return first + again * (n - 1) + end[: -len(trailer)] + trailer
 
 
 def other(codec_id: str, size: int) -> bytes:
