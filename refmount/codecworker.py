@@ -183,7 +183,10 @@ class CodecWorkers:
                 return self._idle.get_nowait()
             except queue.Empty:
                 pass
-            worker = _Worker(self.memory, self.cpu_seconds, self.label)
+            try:
+                worker = _Worker(self.memory, self.cpu_seconds, self.label)
+            except OSError as e:
+                raise WorkerDied(f"cannot start a codec worker: {e.strerror or e}") from None
             self._all.add(worker)
             self.started += 1
         return worker
