@@ -114,9 +114,23 @@ def _too_big(what: str, limit: int) -> BoundError:
 
 def stream_decompress(cid: str, codec: Any, buf: Any, limit: int) -> bytes:
     """Decompress ``buf`` as ``codec`` does (``cid``: zlib, gzip, bz2, lzma, zstd), producing
-    at most ``limit`` bytes: BoundError as soon as the output goes past it."""
+    at most ``limit`` bytes: BoundError as soon as the output goes past it. A stream that
+    comes out in one piece is returned without a copy."""
     data = memoryview(buf).cast("B") if not isinstance(buf, bytes) else buf
-    out = bytearray()
+    pieces: list[bytes] = []
+    got = 0
+
+    def keep(piece: bytes) -> None:
+        nonlocal got
+        got += len(piece)
+        if got > limit:
+            raise _too_big(cid, limit)
+        if piece:
+            pieces.append(piece)
+
+    def result() -> bytes:
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
     if cid == "zstd":
         import zstandard
 
@@ -124,11 +138,9 @@ def stream_decompress(cid: str, codec: Any, buf: Any, limit: int) -> bytes:
         if size > limit:
             raise _too_big(f"zstd (frame header says {size:,} bytes)", limit)
         reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
-        while piece := reader.read(min(PIECE, limit + 1 - len(out))):
-            out += piece
-            if len(out) > limit:
-                raise _too_big(cid, limit)
-        return bytes(out)
+        while piece := reader.read(min(PIECE, limit + 1 - got)):
+            keep(piece)
+        return result()
 
     def make() -> Any:
         if cid == "zlib":
@@ -144,24 +156,18 @@ def stream_decompress(cid: str, codec: Any, buf: Any, limit: int) -> bytes:
     while True:  # one stream (gzip, bz2 and xz read on across concatenated streams)
         d = make()
         while True:
-            if cid in ("zlib", "gzip"):
-                piece = d.decompress(rest, limit + 1 - len(out))
-                rest = d.unconsumed_tail
-            else:
-                piece = d.decompress(rest, limit + 1 - len(out))
-                rest = b""
-            out += piece
-            if len(out) > limit:
-                raise _too_big(cid, limit)
+            piece = d.decompress(rest, limit + 1 - got)
+            rest = d.unconsumed_tail if cid in ("zlib", "gzip") else b""
+            keep(piece)
             if d.eof:
                 break
             if not piece and not rest and (cid in ("zlib", "gzip") or d.needs_input):
                 raise ValueError("incomplete or truncated stream")
         rest = d.unused_data
         if cid == "zlib" or not rest or (cid == "gzip" and not rest.strip(b"\0")):
-            return bytes(out)  # zlib ignores what follows its stream, as zlib.decompress does
+            return result()  # zlib ignores what follows its stream, as zlib.decompress does
         if cid == "lzma" and codec.format not in (lzma.FORMAT_XZ, lzma.FORMAT_AUTO):
-            return bytes(out)
+            return result()
 
 
 def header_size(cid: str, buf: Any) -> int:
