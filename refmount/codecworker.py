@@ -246,8 +246,15 @@ def serve(memory: int, cpu_seconds: int) -> int:
 
     limit = _address_space() + memory
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # nothing but answers on the pipe
+    # The pipes move to descriptors of their own: a codec that writes to fd 1 (or reads fd 0)
+    # writes to stderr (reads /dev/null) instead of breaking the protocol.
+    stdin = os.fdopen(os.dup(0), "rb")
+    stdout = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdout = sys.stderr
     plans: dict[bytes, ChunkCodecs] = {}
     while True:
         head = _read_exact(stdin, 4)

@@ -7,7 +7,8 @@ PYTHONPATH that holds it and this package.
 - ``refmount-test-segv``: reads address 0 (SIGSEGV);
 - ``refmount-test-hog``: allocates ``gib`` GiB and touches it;
 - ``refmount-test-spin``: burns CPU for ever;
-- ``refmount-test-plain``: returns its input (a codec off the allow-list that works).
+- ``refmount-test-plain``: returns its input (a codec off the allow-list that works);
+- ``refmount-test-noisy``: writes to file descriptor 1, then returns its input.
 """
 
 from __future__ import annotations
@@ -67,7 +68,15 @@ class PlainCodec(_Base):
         return bytes(buf)
 
 
-CODECS = (AbortCodec, SegvCodec, HogCodec, SpinCodec, PlainCodec)
+class NoisyCodec(_Base):
+    codec_id = "refmount-test-noisy"
+
+    def decode(self, buf, out=None):
+        os.write(1, b"noise from a native library\n" * 100)
+        return bytes(buf)
+
+
+CODECS = (AbortCodec, SegvCodec, HogCodec, SpinCodec, PlainCodec, NoisyCodec)
 
 
 def codec_env(root: Path) -> str:

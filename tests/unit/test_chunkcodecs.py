@@ -14,7 +14,15 @@ import numcodecs
 import numpy as np
 import pytest
 from support.bombs import bomb, zstd_rle
-from support.crashcodec import AbortCodec, HogCodec, PlainCodec, SegvCodec, SpinCodec, codec_env
+from support.crashcodec import (
+    AbortCodec,
+    HogCodec,
+    NoisyCodec,
+    PlainCodec,
+    SegvCodec,
+    SpinCodec,
+    codec_env,
+)
 
 from refmount.chunkcodecs import ChunkCodecs
 from refmount.codecworker import CodecWorkers, WorkerDied, WorkerError
@@ -149,6 +157,9 @@ def test_a_worker_that_dies_fails_that_chunk_and_the_next_gets_a_new_one(workers
             workers.decode(chain(codec).spec(), b"abcd", 4)
         assert workers.decode(plain.spec(), b"wxyz", 4) == b"wxyz"
     assert workers.deaths == 2 and workers.started == 3
+    # a codec that writes to its stdout does not break the pipe protocol
+    assert workers.decode(chain(NoisyCodec()).spec(), b"abcd", 4) == b"abcd"
+    assert workers.decode(plain.spec(), b"abcd", 4) == b"abcd" and workers.started == 3
 
 
 def test_worker_memory_and_cpu_are_limited(workers):
