@@ -498,3 +498,6 @@ def test_grib_decodes_in_a_codec_worker_and_corrupted_messages_are_eio(mount, tm
     assert (m / "latitude/0").read_bytes()
     assert sorted(os.listdir(m / "t")) == [".zarray", ".zattrs", "0.0"]
     assert re.search(r"decode failed: key=cut/0.0 codecs=grib", m.log_text(tail=1000))
+    assert len(codec_workers(m.path)) <= 1  # one, unless a corrupted message ended it
+    assert m.cleanup() == []  # the daemon and its worker end when unmounted
+    assert codec_workers(m.path) == []
