@@ -421,7 +421,8 @@ def decode_bombs(d: Path, target: Path) -> list[Input]:
     """Inputs for ``-o decode`` (the daemon, and its codec workers, count in the bounds):
     chunks that inflate far past what their ``.zarray`` declares, size-changing filters, a
     third-party codec, an honestly huge chunk, bombs read in order while decoding ahead, and
-    huge inline ``.zarray`` documents."""
+    huge inline ``.zarray`` documents (four of 16 MB: mounting the set costs ~700 MiB without
+    ``-o decode``; the view adds under 40 MiB)."""
     def b64(data: bytes) -> str:
         return "base64:" + base64.b64encode(data).decode()
 
@@ -461,10 +462,10 @@ def decode_bombs(d: Path, target: Path) -> list[Input]:
     add("decode-ten-1.5G-in-order", {"t/.zarray": za("|u1", 10 * 1024, 1024, zstd),
                                      **{f"t/{i}": b64(ten) for i in range(10)}},
         all_of(*(eio(f"t/{i}") for i in range(10))))
-    floats = "[" + "1.5," * (6 << 20) + "1.5]"  # 24 MB of JSON: 6M Python floats when parsed
+    floats = "[" + "1.5," * (4 << 20) + "1.5]"  # 16 MB of JSON: 4M Python floats when parsed
     big = {f"m{i}/.zarray": za("<f4", 4, 4, zl)[:-1] + ', "x": ' + floats + "}" for i in range(4)}
     small = np.arange(4, dtype="<f4").tobytes()
-    add("decode-zarray-4x24M", {**big, "ok/.zarray": za("<f4", 4, 4, zl),
+    add("decode-zarray-4x16M", {**big, "ok/.zarray": za("<f4", 4, 4, zl),
                                 "ok/0": b64(zlib.compress(small))},
         all_of(same_bytes("ok/0", small), not_decoded("m3", "1,048,576")))
     return inputs
