@@ -35,7 +35,7 @@ import math
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -257,31 +257,42 @@ def _split(key: str) -> tuple[str, str]:
     return head, tail
 
 
+class IndexMetadata(Mapping[str, "Buffer | None"]):
+    """Metadata keys of a ``KeyIndex`` (its rows ``rows``) as a mapping read from the index on
+    each pass: a value is a view into the mapped index (None: not inline), so a document is
+    copied only by whoever parses it, after checking its size."""
+
+    def __init__(self, index: Any, rows: list[int]) -> None:
+        self._index = index
+        self._rows = {index.key(i).decode("utf-8", "surrogateescape"): i for i in rows}
+
+    def __getitem__(self, key: str) -> Buffer | None:
+        ref = self._index.ref(self._rows[key], view=True)
+        return ref.data if ref.kind is RefKind.INLINE else None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
 class DecodedView:
     """Built from a set's ``.zarray`` and ``.zmetadata`` keys (``metadata``: key -> bytes,
-    or None for a key that is not inline; a mapping or pairs, read once). A ``.zarray``
-    larger than MAX_ZARRAY_BYTES is not parsed (its array is served as referenced); a
-    ``.zmetadata`` larger than MAX_ZMETADATA_BYTES is not parsed either, and the arrays
-    under its directory are served as referenced, as it describes them. Only what serving
-    needs is kept: the plans and the rewritten metadata."""
+    or None for a key that is not inline). A ``.zarray`` larger than MAX_ZARRAY_BYTES is not
+    parsed (its array is served as referenced); a ``.zmetadata`` larger than
+    MAX_ZMETADATA_BYTES is not parsed either, and the arrays under its directory are served
+    as referenced, as it describes them. Only what serving needs is kept: the plans and the
+    rewritten metadata."""
 
-    def __init__(self, metadata: Mapping[str, bytes | None] | Iterable[tuple[str, Buffer | None]],
+    def __init__(self, metadata: Mapping[str, Buffer | None],
                  max_chunk_bytes: int = DECODE_MAX_CHUNK_BYTES) -> None:
         self.arrays: dict[str, DecodedArray] = {}
         self.skipped: dict[str, str] = {}  # array path -> why it is served as referenced
         self.plain: set[str] = set()  # arrays that need no decoding
         self.codecs: dict[str, list[str]] = {}  # array path -> codec ids (every array)
         self._meta: dict[str, bytes] = {}  # rewritten metadata keys
-        consolidated: list[tuple[str, bytes | None]] = []
-        too_big: dict[str, int] = {}  # base of a .zmetadata not parsed -> its size
-        items = metadata.items() if isinstance(metadata, Mapping) else metadata
-        for key, data in items:
-            if key == ".zmetadata" or key.endswith("/.zmetadata"):
-                if data is not None and len(data) > MAX_ZMETADATA_BYTES:
-                    too_big[key[: -len(".zmetadata")]] = len(data)
-                else:
-                    consolidated.append((key, None if data is None else bytes(data)))
-                continue
+        for key, data in metadata.items():
             if not (key == ".zarray" or key.endswith("/.zarray")):
                 continue
             path = key[: -len(".zarray")].rstrip("/")
@@ -307,18 +318,27 @@ class DecodedView:
                 self.skipped[path or "/"] = reason
             else:
                 self.plain.add(path)
-        for base, size in too_big.items():  # its arrays as it describes them: as referenced
-            for path in [p for p in self.arrays if (p + "/").startswith(base)]:
-                del self.arrays[path]
-                del self._meta[f"{path}/.zarray" if path else ".zarray"]
-                self.skipped[path or "/"] = (
-                    f"{base}.zmetadata is {size:,} bytes, more than the "
-                    f"{MAX_ZMETADATA_BYTES:,} consolidated metadata is parsed up to")
-        for key, data in consolidated:
-            rewritten = self._zmetadata(key, data)
-            if rewritten is not None:
-                self._meta[key] = rewritten
+        too_big = {key for key, data in metadata.items()
+                   if (key == ".zmetadata" or key.endswith("/.zmetadata"))
+                   and data is not None and len(data) > MAX_ZMETADATA_BYTES}
+        for key in too_big:  # first: other .zmetadata keys may describe the same arrays
+            self._unparsed_zmetadata(key[: -len(".zmetadata")], len(metadata[key] or b""))
+        for key, data in metadata.items():
+            if (key == ".zmetadata" or key.endswith("/.zmetadata")) and key not in too_big:
+                rewritten = self._zmetadata(key, None if data is None else bytes(data))
+                if rewritten is not None:
+                    self._meta[key] = rewritten
         self._max_depth = max((p.count("/") + 1 for p in self.arrays), default=0)
+
+    def _unparsed_zmetadata(self, base: str, size: int) -> None:
+        """The arrays under a ``.zmetadata`` too large to parse: served as it describes them
+        (as referenced)."""
+        for path in [p for p in self.arrays if (p + "/").startswith(base)]:
+            del self.arrays[path]
+            del self._meta[f"{path}/.zarray" if path else ".zarray"]
+            self.skipped[path or "/"] = (
+                f"{base}.zmetadata is {size:,} bytes, more than the "
+                f"{MAX_ZMETADATA_BYTES:,} consolidated metadata is parsed up to")
 
     def _zmetadata(self, key: str, data: bytes | None) -> bytes | None:
         if data is None:
@@ -346,24 +366,13 @@ class DecodedView:
     @classmethod
     def from_index(cls, index: Any, max_chunk_bytes: int = DECODE_MAX_CHUNK_BYTES) -> DecodedView:
         """From a ``KeyIndex``: its ``.zarray`` and ``.zmetadata`` keys, found with one
-        vectorised pass over the key column, each read from the index only while it is
-        looked at (a document over its size cap is never copied)."""
+        vectorised pass over the key column (``IndexMetadata``: nothing copied up front)."""
         import pyarrow.compute as pc
 
         keys = index.table["key"]
         hits = pc.or_(pc.ends_with(keys, pattern=".zarray"), pc.ends_with(keys, pattern=".zmetadata"))
         rows = np.flatnonzero(hits.to_numpy(zero_copy_only=False)).tolist()
-
-        def metadata() -> Iterator[tuple[str, Buffer | None]]:
-            for i in rows:
-                key = index.key(i).decode("utf-8", "surrogateescape")
-                ref = index.ref(i, view=True)
-                if ref.kind is not RefKind.INLINE:
-                    yield key, None
-                    continue
-                yield key, ref.data  # a view into the mapped index: copied once under its cap
-
-        return cls(metadata(), max_chunk_bytes)
+        return cls(IndexMetadata(index, rows), max_chunk_bytes)
 
     # ---- what a key is --------------------------------------------------------------------
     def array_of(self, key: str) -> DecodedArray | None:

@@ -114,11 +114,16 @@ def test_metadata_documents_over_their_cap_are_not_parsed():
     good = json.dumps(zarray(compressor={"id": "zlib"})).encode()
     big = json.dumps({**zarray(compressor={"id": "zlib"}), "x": [1.5] * 300_000}).encode()
     assert len(big) > MiB
-    view = DecodedView({"a/.zarray": good, "b/.zarray": big, "g/c/.zarray": good,
-                        "g/.zmetadata": b" " * (17 * MiB)})
+    root = json.dumps({"metadata": {"a/.zarray": zarray(compressor={"id": "zlib"}),
+                                    "g/c/.zarray": zarray(compressor={"id": "zlib"})}}).encode()
+    view = DecodedView({".zmetadata": root, "a/.zarray": good, "b/.zarray": big,
+                        "g/c/.zarray": good, "g/.zmetadata": b" " * (17 * MiB)})
     assert set(view.arrays) == {"a"}
     assert "1,048,576" in view.skipped["b"] and "g/.zmetadata" in view.skipped["g/c"]
     assert view.metadata("g/c/.zarray") is None and view.metadata("g/.zmetadata") is None
+    consolidated = json.loads(view.metadata(".zmetadata"))["metadata"]  # consistent with g's
+    assert consolidated["a/.zarray"]["compressor"] is None
+    assert consolidated["g/c/.zarray"]["compressor"] == {"id": "zlib"}
 
 
 def test_codecs_off_the_allow_list_are_isolated():
