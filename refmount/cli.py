@@ -379,7 +379,7 @@ def advise_on_decoding(cfg: MountConfig, index_file: IndexFile) -> None:
 
     metadata = format_named(index_file.kind).metadata(index_file, cfg.source, cfg.target_options,
                                                       bad_keys=cfg.bad_keys)
-    view = DecodedView.from_index(metadata)
+    view = DecodedView.from_index(metadata, cfg.max_chunk_bytes)
     if cfg.decode:
         view.warn()
         return

@@ -24,6 +24,8 @@ from typing import Any
 from .errors import ConfigError
 from .urls import is_local, local_path
 
+DECODE_MAX_CHUNK_BYTES = 256 * 2**20  # max_chunk_bytes: the largest chunk -o decode decodes
+
 
 def default_cache_dir() -> str:
     if os.geteuid() == 0:
@@ -455,6 +457,9 @@ OPTIONS: tuple[Option, ...] = (
            "each .zarray without codecs and each .zattrs with the typed _FillValue netCDF-C "
            "needs, so that readers without the codecs (ncdump, CDO, NCO, GDAL) read all arrays "
            "as the original files describe them"),
+    Option("max_chunk_bytes", Size(lo=4096), DECODE_MAX_CHUNK_BYTES,
+           "with decode: arrays whose decoded chunk is larger are served as referenced, with a "
+           "warning; no step of decoding a chunk produces more than its array declares"),
     # fetching
     Option("timeout", Seconds(), 30.0,
            "time limit for one read's fetch, retries included; a read that waited for a "

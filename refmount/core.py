@@ -32,6 +32,7 @@ import trio
 
 from .cache import Block, DiskCache, MemoryLRU
 from .cachewriter import CacheWriter
+from .codecworker import CodecWorkers
 from .config import MountConfig
 from .decoded import ChunkDecoder, DecodedArray, DecodedTree, DecodedView
 from .fetch import Fetcher
@@ -196,7 +197,7 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
     info["keys"] = str(len(tree))
     decoder = view = None
     if cfg.decode:
-        view = DecodedView.from_index(opened.metadata)
+        view = DecodedView.from_index(opened.metadata, cfg.max_chunk_bytes)
         view.warn()
         info.update(view.describe())
         decoded = DecodedTree(tree, view)
@@ -210,6 +211,10 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
             # decoded bytes in flight: a quarter of the memory cache, the chunks decoded
             # ahead of a reader included (they land there)
             max_bytes=max(cfg.memory_cache_size // 4, 16 * 2**20), stats=stats,
+            # codecs off the allow-list: in worker processes, one per decode thread at most,
+            # each allowed its chunk's steps and decoded bytes twice over
+            workers=CodecWorkers(memory=2 * cfg.max_chunk_bytes + 256 * 2**20,
+                                 label=cfg.mountpoint or f"serve-{cfg.listen}"),
         )
     return SetCore(stats=stats, fetcher=fetcher, reader=reader, tree=tree, disk=disk,
                    writer=writer, decoder=decoder, view=view, metadata=opened.metadata,

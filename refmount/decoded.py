@@ -36,7 +36,7 @@ import math
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,9 @@ import numpy as np
 import trio
 
 from .cache import Block, MemoryLRU
+from .chunkcodecs import ChunkCodecs
+from .codecworker import CodecWorkers, WorkerDied, WorkerError
+from .config import DECODE_MAX_CHUNK_BYTES
 from .errors import ReadError
 from .lru import LRU
 from .ncattrs import dumps_zattrs, netcdf_zattrs
@@ -53,9 +56,17 @@ from .workers import WorkerPool
 
 log = logging.getLogger(__name__)
 
+# The most bytes of one metadata document the view parses: a .zarray holds no attributes
+# (those are in .zattrs), so a real one is well under a kilobyte; consolidated metadata
+# holds every array's and group's metadata and attributes.
+MAX_ZARRAY_BYTES = 1 << 20
+MAX_ZMETADATA_BYTES = 16 << 20
+Buffer = bytes | memoryview
+
 
 class DecodeError(ReadError):
-    """A chunk that does not decode to its array's chunk size (corrupt or mis-described)."""
+    """A chunk that does not decode to its array's chunk size (corrupt or mis-described), or
+    whose decoding would go past its bounds, or whose codec worker died."""
 
 
 # ---- one array ------------------------------------------------------------------------------
@@ -111,6 +122,7 @@ class DecodedArray:
     compressor: Any = None
     filters: list[Any] = field(default_factory=list)  # in metadata order (decoded reversed)
     grid: tuple[int, ...] = ()  # chunks along each axis
+    chain: ChunkCodecs | None = None  # the decoding of a chunk, bounded (chunkcodecs.py)
     _name: re.Pattern[str] | None = None
 
     def __post_init__(self) -> None:
@@ -129,42 +141,27 @@ class DecodedArray:
         return self._name.fullmatch(rel) is not None
 
     def decode(self, stored: bytes | memoryview) -> memoryview:
-        """The decoded bytes of one chunk (runs in a worker thread: numcodecs' zlib, zstd,
-        blosc and lz4 release the GIL). Raises DecodeError naming the codec on failure."""
-        from numcodecs.compat import ensure_ndarray_like
-
-        stage = "stored bytes"
+        """The decoded bytes of one chunk, in this process (``ChunkCodecs.decode``: every step
+        bounded by the chunk's declared size). Raises DecodeError naming the codec on
+        failure."""
+        assert self.chain is not None
         try:
-            buf: Any = stored
-            if self.compressor is not None:
-                stage = self.compressor.codec_id
-                buf = self.compressor.decode(buf)
-            for f in reversed(self.filters):
-                stage = f.codec_id
-                buf = f.decode(buf)
-            stage = "view as " + self.dtype.str
-            arr = ensure_ndarray_like(buf)
-            if arr.dtype.hasobject:
-                raise ValueError("decoded to objects")
-            arr = arr.view(self.dtype).reshape(-1, order="A")
-        except DecodeError:
-            raise
-        except Exception as e:
-            raise DecodeError(f"{stage}: {type(e).__name__}: {e}") from None
-        if arr.nbytes != self.nbytes:
-            raise DecodeError(
-                f"{'+'.join(self.codecs) or 'none'}: decoded to {arr.nbytes} bytes, "
-                f"expected {self.nbytes}"
-            )
-        if arr.dtype != self.out_dtype:
-            arr = arr.astype(self.out_dtype)
-        return memoryview(np.ascontiguousarray(arr).view(np.uint8)).cast("B")
+            return self.chain.decode(stored)
+        except ValueError as e:
+            raise DecodeError(str(e)) from None
+
+    @property
+    def isolated(self) -> bool:
+        """A codec outside the allow-list takes part: decoded in a codec worker process."""
+        return self.chain is not None and self.chain.isolated
 
 
-def plan_array(path: str, meta: Any) -> tuple[DecodedArray | None, str | None]:
+def plan_array(path: str, meta: Any, max_chunk_bytes: int = DECODE_MAX_CHUNK_BYTES
+               ) -> tuple[DecodedArray | None, str | None]:
     """How the array at ``path`` with metadata ``meta`` (parsed ``.zarray``) is served:
     ``(array, None)`` decoded; ``(None, None)`` as referenced because nothing needs decoding;
-    ``(None, reason)`` as referenced because it cannot be decoded."""
+    ``(None, reason)`` as referenced because it cannot be decoded, or because a decoded chunk
+    (or a step of its decoding) would be larger than ``max_chunk_bytes``."""
     if not isinstance(meta, dict):
         return None, ".zarray is not a JSON object"
     if meta.get("zarr_format", 2) != 2:
@@ -217,9 +214,17 @@ def plan_array(path: str, meta: Any) -> tuple[DecodedArray | None, str | None]:
     compressor = codecs[0] if comp_cfg is not None else None
     filters = codecs[1:] if comp_cfg is not None else codecs
     nbytes = math.prod(chunks) * dtype.itemsize
+    if nbytes > max_chunk_bytes:
+        return None, (f"a decoded chunk is {nbytes:,} bytes, more than max_chunk_bytes="
+                      f"{max_chunk_bytes:,}")
+    chain = ChunkCodecs(compressor, filters, dtype, nbytes, [c.get_config() for c in codecs],
+                        ceiling=2 * max_chunk_bytes)
+    if chain.peak > 2 * max_chunk_bytes:
+        return None, (f"a step of decoding a chunk may produce {chain.peak:,} bytes, more than "
+                      f"twice max_chunk_bytes={max_chunk_bytes:,}")
     grid = tuple(-(-s // c) for s, c in zip(shape, chunks, strict=True))
     return DecodedArray(path, len(chunks), sep, dtype, out_dtype, nbytes, _codec_ids(meta),
-                        compressor, filters, grid), None
+                        compressor, filters, grid, chain), None
 
 
 def rewrite_zarray(meta: dict[str, Any]) -> dict[str, Any]:
@@ -264,17 +269,42 @@ def _split(key: str) -> tuple[str, str]:
     return head, tail
 
 
+class IndexMetadata(Mapping[str, "Buffer | None"]):
+    """Metadata keys of a ``KeyIndex`` (its rows ``rows``) as a mapping read from the index on
+    each pass: a value is a view into the mapped index (None: not inline), so a document is
+    copied only by whoever parses it, after checking its size."""
+
+    def __init__(self, index: Any, rows: list[int]) -> None:
+        self._index = index
+        self._rows = {index.key(i).decode("utf-8", "surrogateescape"): i for i in rows}
+
+    def __getitem__(self, key: str) -> Buffer | None:
+        ref = self._index.ref(self._rows[key], view=True)
+        return ref.data if ref.kind is RefKind.INLINE else None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
 class DecodedView:
     """Built from a set's ``.zarray``, ``.zattrs`` and ``.zmetadata`` keys (``metadata``: key
-    -> bytes, or None for a key that is not inline)."""
+    -> bytes, or None for a key that is not inline). A ``.zarray`` or ``.zattrs`` larger than
+    MAX_ZARRAY_BYTES is not parsed (its array is served as referenced; its attributes as
+    they are); a ``.zmetadata`` larger than MAX_ZMETADATA_BYTES is not parsed either, and the
+    arrays under its directory are served as referenced, as it describes them. Only what
+    serving needs is kept: the plans and the rewritten metadata."""
 
-    def __init__(self, metadata: Mapping[str, bytes | None]) -> None:
+    def __init__(self, metadata: Mapping[str, Buffer | None],
+                 max_chunk_bytes: int = DECODE_MAX_CHUNK_BYTES) -> None:
         self.arrays: dict[str, DecodedArray] = {}
         self.skipped: dict[str, str] = {}  # array path -> why it is served as referenced
         self.plain: set[str] = set()  # arrays that need no decoding
         self.codecs: dict[str, list[str]] = {}  # array path -> codec ids (every array)
         self._meta: dict[str, bytes] = {}  # rewritten metadata keys
-        parsed: dict[str, Any] = {}
+        fills: dict[str, dict[str, Any]] = {}  # .zarray key -> its dtype and fill_value
         for key, data in metadata.items():
             if not (key == ".zarray" or key.endswith("/.zarray")):
                 continue
@@ -282,15 +312,19 @@ class DecodedView:
             if data is None:
                 self.skipped[path or "/"] = ".zarray is not inline in the reference set"
                 continue
+            if len(data) > MAX_ZARRAY_BYTES:
+                self.skipped[path or "/"] = (f".zarray is {len(data):,} bytes, more than the "
+                                             f"{MAX_ZARRAY_BYTES:,} a .zarray is parsed up to")
+                continue
             try:
-                meta = json.loads(data)
+                meta = json.loads(bytes(data))
             except ValueError:
                 self.skipped[path or "/"] = ".zarray is not valid JSON"
                 continue
-            parsed[key] = meta
             if isinstance(meta, dict):
                 self.codecs[path] = _codec_ids(meta)
-            array, reason = plan_array(path, meta)
+                fills[key] = {"dtype": meta.get("dtype"), "fill_value": meta.get("fill_value")}
+            array, reason = plan_array(path, meta, max_chunk_bytes)
             if array is not None:
                 self.arrays[path] = array
                 self._meta[key] = _dumps(rewrite_zarray(meta))
@@ -298,17 +332,33 @@ class DecodedView:
                 self.skipped[path or "/"] = reason
             else:
                 self.plain.add(path)
+        too_big = {key for key, data in metadata.items()
+                   if (key == ".zmetadata" or key.endswith("/.zmetadata"))
+                   and data is not None and len(data) > MAX_ZMETADATA_BYTES}
+        for key in too_big:  # first: other .zmetadata keys may describe the same arrays
+            self._unparsed_zmetadata(key[: -len(".zmetadata")], len(metadata[key] or b""))
         for key, data in metadata.items():
-            if (key == ".zattrs" or key.endswith("/.zattrs")) and data is not None:
-                attrs = _netcdf_attrs(parsed.get(key[: -len(".zattrs")] + ".zarray"), data)
+            if ((key == ".zattrs" or key.endswith("/.zattrs")) and data is not None
+                    and len(data) <= MAX_ZARRAY_BYTES):
+                attrs = _netcdf_attrs(fills.get(key[: -len(".zattrs")] + ".zarray"), bytes(data))
                 if attrs is not None:
                     self._meta[key] = dumps_zattrs(attrs)
         for key, data in metadata.items():
-            if key == ".zmetadata" or key.endswith("/.zmetadata"):
-                rewritten = self._zmetadata(key, data)
+            if (key == ".zmetadata" or key.endswith("/.zmetadata")) and key not in too_big:
+                rewritten = self._zmetadata(key, None if data is None else bytes(data))
                 if rewritten is not None:
                     self._meta[key] = rewritten
         self._max_depth = max((p.count("/") + 1 for p in self.arrays), default=0)
+
+    def _unparsed_zmetadata(self, base: str, size: int) -> None:
+        """The arrays under a ``.zmetadata`` too large to parse: served as it describes them
+        (as referenced)."""
+        for path in [p for p in self.arrays if (p + "/").startswith(base)]:
+            del self.arrays[path]
+            del self._meta[f"{path}/.zarray" if path else ".zarray"]
+            self.skipped[path or "/"] = (
+                f"{base}.zmetadata is {size:,} bytes, more than the "
+                f"{MAX_ZMETADATA_BYTES:,} consolidated metadata is parsed up to")
 
     def _zmetadata(self, key: str, data: bytes | None) -> bytes | None:
         if data is None:
@@ -339,20 +389,16 @@ class DecodedView:
         return _dumps({**obj, "metadata": new})
 
     @classmethod
-    def from_index(cls, index: Any) -> DecodedView:
+    def from_index(cls, index: Any, max_chunk_bytes: int = DECODE_MAX_CHUNK_BYTES) -> DecodedView:
         """From a ``KeyIndex``: its ``.zarray``, ``.zattrs`` and ``.zmetadata`` keys, found with
-        one vectorised pass over the key column."""
+        one vectorised pass over the key column (``IndexMetadata``: nothing copied up front)."""
         import pyarrow.compute as pc
 
         keys = index.table["key"]
         hits = pc.or_(pc.or_(pc.ends_with(keys, pattern=".zarray"), pc.ends_with(keys, pattern=".zattrs")),
                       pc.ends_with(keys, pattern=".zmetadata"))
-        metadata: dict[str, bytes | None] = {}
-        for i in np.flatnonzero(hits.to_numpy(zero_copy_only=False)).tolist():
-            key = index.key(i).decode("utf-8", "surrogateescape")
-            ref = index.ref(i)
-            metadata[key] = ref.data if ref.kind is RefKind.INLINE else None
-        return cls(metadata)
+        rows = np.flatnonzero(hits.to_numpy(zero_copy_only=False)).tolist()
+        return cls(IndexMetadata(index, rows), max_chunk_bytes)
 
     # ---- what a key is --------------------------------------------------------------------
     def array_of(self, key: str) -> DecodedArray | None:
@@ -553,6 +599,7 @@ class ChunkDecoder:
         ahead: int = 8,
         on_error: Callable[[], None] | None = None,
         stats: Any = None,
+        workers: CodecWorkers | None = None,
     ) -> None:
         self.view = view
         self.memory = memory
@@ -563,6 +610,7 @@ class ChunkDecoder:
         self.ahead = ahead
         self.on_error = on_error
         self.stats = stats  # a Stats: its decoded / decoded_ahead counters
+        self.workers = workers  # codec worker processes, for arrays with codecs off the allow-list
         self.decoded = 0  # chunks decoded
         self.decoded_ahead = 0  # of those, decoded ahead of a reader
         self._flights: SingleFlight[str, Block] = SingleFlight()
@@ -573,8 +621,11 @@ class ChunkDecoder:
         self._background = nursery
 
     def close(self) -> None:
-        """Stop the worker threads (chunks not being decoded are dropped)."""
+        """Stop the worker threads (chunks not being decoded are dropped) and the codec
+        worker processes."""
         self.pool.close()
+        if self.workers is not None:
+            self.workers.close()
 
     def ready(self, key: str) -> Block | None:
         """The decoded chunk if memory has it right now (for the page-cache push at open)."""
@@ -604,9 +655,22 @@ class ChunkDecoder:
         def decode() -> memoryview:
             start = time.perf_counter()
             try:
-                return array.decode(stored)
+                return array.decode(stored) if not array.isolated else isolated()
             finally:
                 ran[:] = [start, time.perf_counter() - start]
+
+        def isolated() -> memoryview:  # codecs off the allow-list: in a codec worker process
+            assert array.chain is not None
+            if self.workers is None:
+                raise DecodeError(f"{'+'.join(array.codecs)}: codecs outside the allow-list "
+                                  "need a codec worker, and this decoder has none")
+            try:
+                out = self.workers.decode(array.chain.spec(), stored, array.nbytes)
+            except (WorkerDied, WorkerError) as e:
+                raise DecodeError(str(e)) from None
+            if len(out) != array.nbytes:
+                raise DecodeError(f"the codec worker gave {len(out)} bytes, expected {array.nbytes}")
+            return memoryview(out)
 
         try:
             t0 = time.perf_counter()

@@ -398,3 +398,109 @@ def test_parquet_and_version1_sets_decode(mount, shared_mounts, tmp_path):
         assert zmeta["temp/.zarray"]["filters"] is None
         assert_like_original(xr.open_zarr(m, consolidated=True), original)
         check_ncdump(m, "counts", counts, -1)
+
+
+# --- codecs off the allow-list: isolated in codec worker processes -------------------------------
+
+
+def codec_workers(mnt) -> list[str]:
+    """Command lines of the codec workers serving the mount at ``mnt``."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        args = p.info["cmdline"] or []
+        if "refmount.codecworker" in args and str(mnt) in args:
+            found.append(" ".join(args))
+    return found
+
+
+def read_errno(path) -> int | None:
+    try:
+        path.read_bytes()
+    except OSError as e:
+        return e.errno
+    return None
+
+
+def test_a_crashing_codec_is_eio_and_the_mount_keeps_serving(mount, tmp_path, monkeypatch):
+    """Codecs that abort or segfault (as eccodes does on fuzzed GRIB) are EIO for that read and
+    a log line; the mount serves every other file, and the next read gets a new worker."""
+    from support.crashcodec import codec_env
+
+    monkeypatch.setenv("PYTHONPATH", codec_env(tmp_path / "codecs"))
+    four = np.arange(4, dtype=">i4").tobytes()
+    refs = {
+        ".zgroup": '{"zarr_format": 2}',
+        "boom/.zarray": zarray("<i4", [4], [4], compressor={"id": "refmount-test-abort"}),
+        "boom/0": b64(four),
+        "segv/.zarray": zarray("<i4", [4], [4], filters=[{"id": "refmount-test-segv"}]),
+        "segv/0": b64(four),
+        "odd/.zarray": zarray(">i4", [4], [4], filters=[{"id": "refmount-test-plain"}]),
+        "odd/0": b64(four),
+        "good/.zarray": zarray(">i4", [4], [4], compressor={"id": "zlib"}),
+        "good/0": b64(zlib.compress(four)),
+    }
+    m = mount(write_json(tmp_path / "crash.json", refs), "decode")
+    assert os.getxattr(m.path, "user.refmount.decoded_arrays") == b"4"
+    assert read_errno(m / "boom/0") == errno.EIO
+    assert (m / "good/0").read_bytes() == np.arange(4, dtype="<i4").tobytes()
+    assert read_errno(m / "segv/0") == errno.EIO
+    assert (m / "odd/0").read_bytes() == np.arange(4, dtype="<i4").tobytes()  # a new worker
+    assert read_errno(m / "boom/0") == errno.EIO
+    assert m.procs and all(p.is_running() for p in m.procs)  # the same daemon serves on
+    assert codec_workers(m.path) == []  # the last one died; the next chunk starts one
+    assert sorted(os.listdir(m.path)) == [".zgroup", "boom", "good", "odd", "segv"]
+    log = m.log_text(tail=1000)
+    assert re.search(r"decode failed: key=boom/0 codecs=refmount-test-abort: the codec worker "
+                     r"died of SIGABRT", log), log
+    assert re.search(r"decode failed: key=segv/0 codecs=refmount-test-segv: the codec worker "
+                     r"died of SIGSEGV", log), log
+    # one line per death (the kernel may ask twice for a page that failed)
+    assert len(re.findall(r"codec worker pid \d+: the codec worker died", log)) >= 3, log
+
+
+def test_grib_decodes_in_a_codec_worker_and_corrupted_messages_are_eio(mount, tmp_path):
+    """A real GRIB set (eccodes' sample, kerchunk's scan_grib): kerchunk's ``grib`` codec runs
+    in a codec worker, never in the daemon; truncated and corrupted messages are EIO (or, when
+    eccodes finds nothing wrong, a chunk of the right size), and the mount keeps serving."""
+    from kerchunk.codecs import GRIBCodec
+    from kerchunk.grib2 import scan_grib
+    from support.producers import make_grib
+
+    grib = tmp_path / "data" / "t.grib2"
+    grib.parent.mkdir()
+    make_grib(grib)
+    message = scan_grib(str(grib))[0]
+    refs = {k: ([str(grib), *v[1:]] if isinstance(v, list) else v)
+            for k, v in message["refs"].items()}
+    _url, offset, length = refs["t/0.0"]
+    raw = grib.read_bytes()[offset : offset + length]
+    flipped = bytearray(raw)
+    rng = np.random.default_rng(7)
+    for where in rng.integers(length // 3, length - 4, 40):  # sections 3 to 7: grid, packing, data
+        flipped[where] ^= 0xFF
+    bad = tmp_path / "data" / "bad.grib2"
+    bad.write_bytes(bytes(flipped))
+    meta = refs["t/.zarray"]
+    for name, ref in (("cut", [str(grib), offset, length // 2]), ("flip", [str(bad), 0, length]),
+                      ("junk", b64(b"GRIB" + bytes(rng.integers(0, 256, 1500, dtype=np.uint8))))):
+        refs[f"{name}/.zarray"] = meta
+        refs[f"{name}/0.0"] = ref
+    m = mount(write_json(tmp_path / "grib.json", refs), "decode")
+    assert codec_workers(m.path) == []  # started on the first chunk that needs one
+    want = np.asarray(GRIBCodec(var="t", dtype="float64").decode(raw), "<f8").tobytes()
+    assert (m / "t/0.0").read_bytes() == want
+    assert len(codec_workers(m.path)) == 1
+    assert read_errno(m / "cut/0.0") == errno.EIO
+    for name in ("flip", "junk"):
+        e = read_errno(m / f"{name}/0.0")
+        assert e in (None, errno.EIO), (name, e)
+        if e is None:
+            assert os.stat(m / f"{name}/0.0").st_size == len(want)
+    assert (m / "latitude/0").read_bytes()
+    assert sorted(os.listdir(m / "t")) == [".zarray", ".zattrs", "0.0"]
+    assert re.search(r"decode failed: key=cut/0.0 codecs=grib", m.log_text(tail=1000))
+    assert len(codec_workers(m.path)) <= 1  # one, unless a corrupted message ended it
+    assert m.cleanup() == []  # the daemon and its worker end when unmounted
+    assert codec_workers(m.path) == []

@@ -39,6 +39,7 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.bombs import deflate, zstd_rle
 from support.faultserver import FaultServer
 from support.mounts import CLI, REPO, cli_env, daemon_procs, fusermount_u, is_mounted, wait_gone
 
@@ -589,6 +590,63 @@ def parquet_bombs(d: Path, target: Path) -> list[Input]:
     return inputs
 
 
+# ---- -o decode: chunks and metadata that decode without bound -------------------------------------
+
+
+def decode_bombs(d: Path, target: Path) -> list[Input]:
+    """Inputs for ``-o decode`` (the daemon, and its codec workers, count in the bounds):
+    chunks that inflate far past what their ``.zarray`` declares, size-changing filters, a
+    third-party codec, an honestly huge chunk, bombs read in order while decoding ahead, and
+    huge inline ``.zarray`` documents (four of 16 MB: mounting the set costs ~700 MiB without
+    ``-o decode``; the view adds under 40 MiB)."""
+    def b64(data: bytes) -> str:
+        return "base64:" + base64.b64encode(data).decode()
+
+    def za(dtype: object, n: int, chunk: int, compressor: dict | None = None,
+           filters: list | None = None) -> str:
+        return json.dumps({**ZARRAY, "dtype": dtype, "shape": [n], "chunks": [chunk],
+                           "compressor": compressor, "filters": filters})
+
+    def not_decoded(path: str, *words: str) -> Callable[[Path], None]:
+        def test(mnt: Path) -> bool:
+            why = json.loads(os.getxattr(mnt, "user.refmount.not_decoded")).get(path, "")
+            return all(w in why for w in words)
+        return holds(f"{path} served as referenced, naming {words}", test)
+
+    zstd, zl = {"id": "zstd", "level": 1}, {"id": "zlib", "level": 1}
+    group = '{"zarr_format": 2}'
+    inputs: list[Input] = []
+
+    def add(name: str, refs: dict, check: Callable[[Path], None]) -> None:
+        inputs.append(Input(name, write(d / "decode" / f"{name}.json", {".zgroup": group, **refs}),
+                            "mount", check=check, opts=("decode",)))
+
+    add("decode-zstd-4G-declared-1K", {"z/.zarray": za("|u1", 1024, 1024, zstd),
+                                       "z/0": b64(zstd_rle(4 << 30))}, eio("z/0", readers=4))
+    add("decode-zlib-in-zlib-2G", {"z/.zarray": za("|u1", 1024, 1024, zl, [zl]),
+                                   "z/0": b64(zlib.compress(deflate(2 << 30)))}, eio("z/0"))
+    add("decode-astype-S100000000", {"a/.zarray": za("|S1", 24, 24, None, [
+        {"id": "astype", "encode_dtype": "|S1", "decode_dtype": "|S100000000"}]),
+        "a/0": b64(bytes(24))}, eio("a/0"))
+    fits = {"id": "FITSAscii", "indtypes": [["a", "|S1"]], "outdtypes": [["a", "|S100000000"]]}
+    add("decode-FITSAscii-S100000000", {"f/.zarray": za([["a", "|S100000000"]], 1, 1, None, [fits]),
+                                        "f/0": b64(bytes(24))}, eio("f/0"))
+    honest = zstd_rle(4 << 30)
+    add("decode-honest-chunk-2^32", {"h/.zarray": za("|u1", 2**32, 2**32, zstd), "h/0": b64(honest)},
+        all_of(same_bytes("h/0", honest), not_decoded("h", "max_chunk_bytes")))
+    ten = zstd_rle(1536 << 20)
+    add("decode-ten-1.5G-in-order", {"t/.zarray": za("|u1", 10 * 1024, 1024, zstd),
+                                     **{f"t/{i}": b64(ten) for i in range(10)}},
+        all_of(*(eio(f"t/{i}") for i in range(10))))
+    floats = "[" + "1.5," * (4 << 20) + "1.5]"  # 16 MB of JSON: 4M Python floats when parsed
+    big = {f"m{i}/.zarray": za("<f4", 4, 4, zl)[:-1] + ', "x": ' + floats + "}" for i in range(4)}
+    small = np.arange(4, dtype="<f4").tobytes()
+    add("decode-zarray-4x16M", {**big, "ok/.zarray": za("<f4", 4, 4, zl),
+                                "ok/0": b64(zlib.compress(small))},
+        all_of(same_bytes("ok/0", small), not_decoded("m3", "1,048,576")))
+    return inputs
+
+
 # ---- truncated and corrupted files of every format (hypothesis) -----------------------------------
 
 
@@ -739,7 +797,8 @@ def test_hostile_inputs_end_within_bounds(tmp_path, capsys, srv):
     d = tmp_path / "inputs"
     d.mkdir()
     inputs = (hand_made(d, target) + damaged(d, target) + generated(d, target)
-              + amplifiers(d, target) + parquet_bombs(d, target) + encoding_bombs(d, target, srv))
+              + amplifiers(d, target) + parquet_bombs(d, target) + encoding_bombs(d, target, srv)
+              + decode_bombs(d, target))
     names = [i.name for i in inputs]
     assert len(set(names)) == len(names)
     lock = threading.Lock()
