@@ -269,8 +269,9 @@ class Room:
 
     each: int
     total: int
-    each_why: str  # "renders ... (limit ...)" for a rendering longer than ``each``
+    each_why: str  # "is longer than ... (limit ...)": a rendering longer than ``each``
     total_why: str  # the same for a batch past ``total``
+    what: str = "rendering"  # what a rendering is, in a refusal ("key")
 
 
 class _Plan:
@@ -368,8 +369,9 @@ class _Plan:
                 text = render(self.template, ctx, self.where)
                 total += len(text)
                 if len(text) > room.each:
+                    shown = repr(text if len(text) <= 80 else text[:77] + "...")
                     raise ReferenceSetError(
-                        f"{self.templates.name}: {self.where}: {text[:40]!r}... {room.each_why}")
+                        f"{self.templates.name}: {self.where}: {room.what} {shown} {room.each_why}")
                 if total > room.total:
                     raise ReferenceSetError(f"{self.templates.name}: {self.where}: {room.total_why}")
                 out.append(text)
@@ -381,7 +383,7 @@ class _Plan:
             cleaned = [c for c in cols if not (isinstance(c, str) and not c.strip())]
             if len(cleaned) == 1 and not isinstance(cleaned[0], str):
                 return np.broadcast_to(np.asarray(cleaned[0], np.int64), (n,))
-        why = f"renders more than {INT_RENDERING} characters: not an integer"
+        why = f"is longer than {INT_RENDERING} characters: not an integer"
         text = self.strings(dims, n, contexts, Room(INT_RENDERING, INT_RENDERING * n, why, why))
         try:
             return pc.cast(pc.utf8_trim_whitespace(text), pa.int64()).to_numpy()
@@ -552,7 +554,7 @@ class GenEntry:
             room = builder.room()
             left = sys.maxsize if room is None else room
             why = generated_why(builder.limits.max_generated)
-            keys = plans["key"].strings(cols, n, contexts, Room(each_key, left, too_long, why))
+            keys = plans["key"].strings(cols, n, contexts, Room(each_key, left, too_long, why, "key"))
             key_lengths = pc.binary_length(keys)
             key_bytes = pc.sum(key_lengths).as_py() or 0
             urls = plans["url"].strings(cols, n, contexts,
