@@ -64,6 +64,7 @@ class IndexBuilder:
         self._rows = 0  # in _batches
         self._reset()
         self.skipped: list[str] = []
+        self.skipped_unnamed = 0  # keys skipped besides those in ``skipped`` (skip_all)
         self.quirks: Counter[str] = Counter()  # producer quirks accepted: what -> how many
         # Bytes of the keys and distinct URLs added so far; bounded once ``bound_generated``
         # is called (Version 1 sets, whose templates make more than they are given).
@@ -74,6 +75,11 @@ class IndexBuilder:
         """From now on refuse the set (named ``name``) once its keys and distinct URLs come
         to more than ``max_generated`` bytes; counted a batch of keys, and a URL, at a time."""
         self._generated_bound = (self.limits.max_generated, name)
+
+    def skip_all(self, what: str, n: int) -> None:
+        """``bad_keys=skip``: ``n`` keys, all bad, skipped without being made."""
+        self.skipped.append(what)
+        self.skipped_unnamed += n - 1
 
     def room(self) -> int | None:
         """Bytes of keys and URLs that may still be added (None: no bound)."""

@@ -296,6 +296,8 @@ class _Plan:
         # Output at the top level of the template is rendered for every product, whatever
         # else the template does: its fixed text is in every rendering.
         self.fixed = [n for out in body if isinstance(out, nodes.Output) for n in out.nodes]
+        if any(tree.find_all(nodes.Extends)):  # a child template renders its blocks only
+            self.fixed = []
         self.dim_names = set(dim_names)
         self.constant = not any(n.name in self.dim_names for n in tree.find_all(nodes.Name))
 
@@ -533,6 +535,9 @@ class GenEntry:
         max_len = builder.limits.max_key_length
         each_key = max_len if builder.bad_keys == "error" else MAX_RENDERED
         too_long = key_too_long(max_len)
+        if self.plans["key"].shortest() > max_len:  # bad_keys=skip (else refused before)
+            builder.skip_all(f"{self.where}: every one of its {total:,} keys {too_long}", total)
+            return
         known = self.longest()
         n_next = FIRST_RENDERED_BATCH if known is None else _batch_for(known)
         start = 0
@@ -586,9 +591,11 @@ def check_generated(name: str, entries: list[GenEntry], before: int, limits: Lim
             continue
         key, url = e.plans["key"], e.plans["url"]
         shortest = key.shortest()
-        if shortest > limits.max_key_length and bad_keys == "error":
-            raise ReferenceSetError(
-                f"{name}: {e.where}.key: every key {key_too_long(limits.max_key_length)}")
+        if shortest > limits.max_key_length:
+            if bad_keys == "error":
+                raise ReferenceSetError(
+                    f"{name}: {e.where}.key: every key {key_too_long(limits.max_key_length)}")
+            continue  # bad_keys=skip: every key is dropped as its batch is made, none kept
         prior = total
         total += e.products * shortest + (url.shortest() if url.constant else 0)
         if total > limits.max_generated:

@@ -222,6 +222,10 @@ def test_gen_whose_every_key_is_over_max_key_length_is_refused_before_expanding(
     with pytest.raises(ReferenceSetError, match=r"gen\[0\]\.key: every key is longer than 65,536 "
                        r"bytes \(limit max_key_length=64K\)$"):
         build_index(src, {})
+    b = build_index(src, {}, "skip")  # skipped whole, none made
+    assert KeyIndex(b.finish()).n == 0 and b.skipped_unnamed == 999_999
+    assert b.skipped == ["gen[0]: every one of its 1,000,000 keys is longer than 65,536 bytes "
+                         "(limit max_key_length=64K)"]
     assert time.process_time() - t < 1.0
 
 
