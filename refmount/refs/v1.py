@@ -7,6 +7,11 @@ variables, plain templates and integer arithmetic on them are evaluated for a wh
 of products at once with numpy and Arrow string kernels. Anything else (filters, calls of
 template functions, conditionals...) is rendered per product by the sandbox, under a
 watchdog so a template cannot run for ever.
+
+What a set makes is bounded before it is made where that can be known: the products of an
+entry (``max_keys``), and the bytes of its keys from their templates' fixed text
+(``max_generated``, ``max_key_length``). The rest is counted as it is made: batches of products
+are sized in bytes, their keys checked and counted a batch at a time, a rendering as it ends.
 """
 
 from __future__ import annotations
