@@ -505,6 +505,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_keys", Int(1, 2**40), 20_000_000,
            "most keys of a JSON set, Version 1 gen products included (a gen entry that would "
            "pass it is refused before any key is made)"),
+    Option("max_generated", Size(lo=1), 512 * 2**20,
+           "most bytes of keys and distinct URLs a Version 1 set may make (refs and gen "
+           "together; a gen entry whose fixed text alone passes it is refused before any key "
+           "is made)"),
     Option("max_template_seconds", Seconds(), 10.0,
            "CPU seconds all Version 1 template renderings of a set may take together (one "
            "rendering: at most 2 s)"),

@@ -494,6 +494,46 @@ def amplifiers(d: Path, target: Path) -> list[Input]:
     return inputs
 
 
+# ---- Version 1: the bytes of keys and URLs a set makes, bounded in all (max_generated) ----------
+
+
+def generated_bytes(d: Path, target: Path) -> list[Input]:
+    """Keys and URLs that templates make far longer than the set: each within max_key_length,
+    max_key_depth and max_keys, together gigabytes. Refused before expanding when the keys' fixed text
+    already passes max_generated, else while they are made (counted a batch, or a rendered
+    URL, at a time); the URLs rendered for refs are cached within a bound of bytes."""
+    inputs: list[Input] = []
+
+    def add(*a, **k) -> None:
+        inputs.append(Input(*a, **k))
+
+    def v1(name: str, doc: dict) -> Path:
+        return write(d / f"{name}.json", {"version": 1, **doc})
+
+    def path(chars: int) -> str:  # directories of 199 characters: a key that passes every check
+        return "/".join(["d" * 199] * (chars // 200))
+
+    p60k = path(60_000)
+    add("gen-10000-keys-of-60KB", v1("gen60k", {"templates": {"p": p60k}, "gen": [
+        {"key": "{{p}}/{{i}}", "url": str(target), "dimensions": {"i": {"stop": 10_000}}}]}),
+        "refuse", ("gen[0]", "max_generated="))
+    add("gen-20000-rendered-keys-of-65KB", v1("genfilter", {"templates": {"p": path(65_000)},
+        "gen": [{"key": "{{ p|string }}/{{i}}", "url": str(target),
+                 "dimensions": {"i": {"stop": 20_000}}}]}),
+        "refuse", ("gen[0].key", "max_generated="))
+    add("gen-20000-distinct-urls-of-60KB", v1("genurls", {"templates": {"p": p60k}, "gen": [
+        {"key": "k/{{i}}", "url": f"{target}{{{{p}}}}{{{{i}}}}", "dimensions": {"i": {"stop": 20_000}}}]}),
+        "refuse", ("gen[0]", "max_generated="))
+    add("refs-2000-distinct-urls-of-1MB", v1("refsurl", {"refs": {
+        f"k{n}": [f"{target}{{{{ 'x' * 1000000 }}}}{n}", 0, 1] for n in range(2000)}}),
+        "refuse", ("the URL of key", "max_generated="))
+    add("refs-2000-url-templates-of-one-1MB-url", v1("refscache", {"refs": {
+        f"k{n}": [f"{target}{{{{ 'x' * 1000000 }}}}{{# {n} #}}", 0, 1] for n in range(2000)}}),
+        "mount", check=all_of(holds("2000 keys", lambda m: len(os.listdir(m)) == 2000),
+                              eio("k7")))  # one distinct URL, no such file
+    return inputs
+
+
 # ---- Parquet: record files that decode to far more than they store, huge grids, .zmetadata bombs ---
 
 
@@ -798,7 +838,7 @@ def test_hostile_inputs_end_within_bounds(tmp_path, capsys, srv):
     d.mkdir()
     inputs = (hand_made(d, target) + damaged(d, target) + generated(d, target)
               + amplifiers(d, target) + parquet_bombs(d, target) + encoding_bombs(d, target, srv)
-              + decode_bombs(d, target))
+              + decode_bombs(d, target) + generated_bytes(d, target))
     names = [i.name for i in inputs]
     assert len(set(names)) == len(names)
     lock = threading.Lock()

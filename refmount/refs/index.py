@@ -77,7 +77,36 @@ class IndexBuilder:
         self._rows = 0  # in _batches
         self._reset()
         self.skipped: list[str] = []
+        self.skipped_unnamed = 0  # keys skipped besides those in ``skipped`` (skip_all)
         self.quirks: Counter[str] = Counter()  # producer quirks accepted: what -> how many
+        # Bytes of the keys and distinct URLs added so far; bounded once ``bound_generated``
+        # is called (Version 1 sets, whose templates make more than they are given).
+        self.generated = 0
+        self._generated_bound: tuple[int, str] | None = None
+
+    def bound_generated(self, name: str) -> None:
+        """From now on refuse the set (named ``name``) once its keys and distinct URLs come
+        to more than ``max_generated`` bytes; counted a batch of keys, and a URL, at a time."""
+        self._generated_bound = (self.limits.max_generated, name)
+
+    def skip_all(self, what: str, n: int) -> None:
+        """``bad_keys=skip``: ``n`` keys, all bad, skipped without being made."""
+        self.skipped.append(what)
+        self.skipped_unnamed += n - 1
+
+    def room(self) -> int | None:
+        """Bytes of keys and URLs that may still be added (None: no bound)."""
+        if self._generated_bound is None:
+            return None
+        return self._generated_bound[0] - self.generated
+
+    def add_generated(self, size: int, where: str) -> None:
+        """``size`` more bytes of keys or URLs, made by ``where`` (named with the set's
+        name): refused past the bound."""
+        self.generated += size
+        bound = self._generated_bound
+        if bound is not None and self.generated > bound[0]:
+            raise ReferenceSetError(f"{where}: {generated_why(bound[0])}")
 
     def _reset(self) -> None:
         # Cleared in place after each flush, so add_items can keep local references.
@@ -117,11 +146,14 @@ class IndexBuilder:
                     continue
             add_value(key, value)
 
-    def _url_id(self, url: object, key: str) -> int:
+    def _url_id(self, url: object, key: str, where: str | None = None) -> int:
         if type(url) is not str or not url:
-            raise ReferenceSetError(f"key {_short(key)}: URL must be a non-empty string")
+            raise ReferenceSetError(f"{where or 'key ' + _short(key)}: URL must be a non-empty string")
         uid = self._url_ids.get(url)
         if uid is None:
+            if self._generated_bound is not None:
+                self.add_generated(
+                    len(url), where or f"{self._generated_bound[1]}: the URL of key {_short(key)}")
             uid = self._url_ids[url] = len(self._url_ids)
         return uid
 
@@ -215,15 +247,19 @@ class IndexBuilder:
         lengths: np.ndarray | None,
         where: str,
     ) -> None:
-        """Add a batch of generated references (ranges, or whole targets when offsets is None)."""
+        """Add a batch of generated references (ranges, or whole targets when offsets is None).
+        The batch's keys are checked against ``max_key_length`` and counted against
+        ``max_generated`` here, before they are kept."""
         self._flush()
+        keys, urls, offsets, lengths = self._long_keys(keys, urls, offsets, lengths, where)
         n = len(keys)
         self._count(n)
+        self.add_generated(pc.sum(pc.binary_length(keys)).as_py() or 0, where)
         if pc.any(pc.equal(pc.binary_length(urls), 0)).as_py():
             raise ReferenceSetError(f"{where}: a rendered URL is empty")
         encoded = pc.dictionary_encode(urls)
         mapping = np.fromiter(
-            (self._url_id(u, where) for u in encoded.dictionary.to_pylist()), np.int32
+            (self._url_id(u, where, where) for u in encoded.dictionary.to_pylist()), np.int32
         )
         url_ids = mapping[encoded.indices.to_numpy()]
         if offsets is None or lengths is None:
@@ -246,6 +282,27 @@ class IndexBuilder:
             )
         )
 
+    def _long_keys(self, keys: pa.Array, urls: pa.Array, offsets: np.ndarray | None,
+                   lengths: np.ndarray | None, where: str
+                   ) -> tuple[pa.Array, pa.Array, np.ndarray | None, np.ndarray | None]:
+        """A batch's keys longer than ``max_key_length``: refused (naming the first), or
+        with ``bad_keys=skip`` dropped from the batch at once."""
+        max_len = self.limits.max_key_length
+        long_rows = pc.greater(pc.binary_length(keys), max_len)
+        if not pc.any(long_rows).as_py():
+            return keys, urls, offsets, lengths
+        first = keys[pc.index(long_rows, True).as_py()].as_py()
+        first = first.decode(errors="replace") if isinstance(first, bytes) else first
+        if self.bad_keys == "error":
+            raise ReferenceSetError(f"{where}: key {_short(first)} {key_too_long(max_len)}")
+        dropped = pc.filter(keys, long_rows)
+        self.skipped.extend(_short(k)[1:-1] for k in dropped.to_pylist())
+        keep = pc.invert(long_rows)
+        mask = keep.to_numpy(zero_copy_only=False)
+        return (pc.filter(keys, keep), pc.filter(urls, keep),
+                None if offsets is None else offsets[mask],
+                None if lengths is None else lengths[mask])
+
     def _count(self, n: int) -> None:
         """``n`` more rows go into the batches: refused past ``max_keys`` (counted as read,
         duplicates included; checked once a batch)."""
@@ -254,6 +311,10 @@ class IndexBuilder:
             raise ReferenceSetError(
                 f"the set has more than {self.limits.max_keys:,} keys "
                 f"(limit max_keys={self.limits.max_keys})")
+
+    def flush(self) -> None:
+        """Move the references added one by one into a batch (checked and counted)."""
+        self._flush()
 
     def _flush(self) -> None:
         if not self._keys:
@@ -264,6 +325,9 @@ class IndexBuilder:
         except (pa.ArrowInvalid, UnicodeEncodeError):
             bad = next(k for k in self._keys if not _encodable(k))
             raise ReferenceSetError(f"key {bad!r} is not valid Unicode text") from None
+        if self._generated_bound is not None:
+            self.add_generated(pc.sum(pc.binary_length(keys)).as_py() or 0,
+                               f"{self._generated_bound[1]}: refs")
         self._batches.append(_last_of_each_key(
             pa.record_batch(
                 [
@@ -368,7 +432,7 @@ class IndexBuilder:
         table = self._reject(
             table,
             pc.greater(pc.binary_length(table["key"]), max_len),
-            lambda k: f"is longer than {max_len:,} bytes (limit max_key_length={size_text(max_len)})",
+            lambda k: key_too_long(max_len),
         )
         max_depth = self.limits.max_key_depth
         text = table["key"].cast(pa.large_string())
@@ -385,6 +449,15 @@ class IndexBuilder:
             lambda k: f"is both a file and a directory (other keys start with {_short(k + '/')})",
         )
         return table
+
+
+def key_too_long(max_len: int) -> str:
+    return f"is longer than {max_len:,} bytes (limit max_key_length={size_text(max_len)})"
+
+
+def generated_why(bound: int) -> str:
+    return (f"the set's keys and URLs come to more than {bound:,} bytes "
+            f"(limit max_generated={size_text(bound)})")
 
 
 def keys_that_are_directories(keys: pa.Array) -> np.ndarray:

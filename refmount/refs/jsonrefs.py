@@ -252,7 +252,7 @@ class JsonFormat(Format):
                      ", ".join(f"{n} {what}" for what, n in builder.quirks.items()))
         if builder.skipped:
             log.warning("skipped %d keys that cannot be paths (bad_keys=skip), e.g. %r",
-                        len(builder.skipped), builder.skipped[0])
+                        len(builder.skipped) + builder.skipped_unnamed, builder.skipped[0])
         meta = summary_metadata(table)
         meta["source"] = source
         if cached:

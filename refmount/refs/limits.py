@@ -3,7 +3,7 @@
 Three guards, each cheap next to the parsing it protects:
 
 * :class:`Limits` — the configured bounds (mount options ``max_inline``, ``max_ratio``,
-  ``max_key_depth``, ``max_key_length``, ``max_nesting``, ``max_keys``,
+  ``max_key_depth``, ``max_key_length``, ``max_nesting``, ``max_keys``, ``max_generated``,
   ``max_template_seconds``, ``max_record``, ``max_source``).
 * :class:`ExpansionGuard` — wraps SOURCE's stream and refuses it as soon as it has expanded
   more than ``max_ratio`` times the bytes taken from the storage so far (a gzip, bz2, xz or
@@ -46,6 +46,7 @@ class Limits:
     max_key_length: int = 64 << 10  # bytes of a key
     max_nesting: int = 256  # nesting of JSON arrays and objects in SOURCE
     max_keys: int = 20_000_000  # keys of a JSON set, gen products included
+    max_generated: int = 512 << 20  # bytes of keys and distinct URLs of a Version 1 set
     max_template_seconds: float = 10.0  # CPU seconds of all template renderings of a set
     max_record: int = 64 << 20  # bytes a Parquet record file may decode to
     max_source: int = 2 << 30  # bytes of SOURCE read, after any decompression (0: no limit)
@@ -56,7 +57,7 @@ class Limits:
     @classmethod
     def from_config(cls, cfg: Any) -> Limits:
         return cls(cfg.max_inline, cfg.max_ratio, cfg.max_key_depth, cfg.max_key_length,
-                   cfg.max_nesting, max_keys=cfg.max_keys,
+                   cfg.max_nesting, max_keys=cfg.max_keys, max_generated=cfg.max_generated,
                    max_template_seconds=cfg.max_template_seconds, max_record=cfg.max_record,
                    max_source=cfg.max_source, source_timeout=cfg.timeout)
 

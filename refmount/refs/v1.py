@@ -7,12 +7,18 @@ variables, plain templates and integer arithmetic on them are evaluated for a wh
 of products at once with numpy and Arrow string kernels. Anything else (filters, calls of
 template functions, conditionals...) is rendered per product by the sandbox, under a
 watchdog so a template cannot run for ever.
+
+What a set makes is bounded before it is made where that can be known: the products of an
+entry (``max_keys``), and the bytes of its keys from their templates' fixed text
+(``max_generated``, ``max_key_length``). The rest is counted as it is made: batches of products
+are sized in bytes, their keys checked and counted a batch at a time, a rendering as it ends.
 """
 
 from __future__ import annotations
 
 import math
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,14 +32,20 @@ import pyarrow.compute as pc
 from jinja2 import StrictUndefined, TemplateError, nodes
 from jinja2.sandbox import SecurityError
 
-from .index import IndexBuilder
+from ..lru import LRU
+from .index import IndexBuilder, generated_why, key_too_long
 from .jsonrefs import Opener, _json_error
 from .limits import DEFAULT_LIMITS, JsonReader, Limits
 from .model import INT64_MAX, ReferenceSetError
 from .sandbox import MAX_RENDERED, RENDER_MEMORY, BoundedSandbox, MemoryCap
 
 RENDER_SECONDS = 2.0  # one template rendering may take at most this long
-GEN_BATCH = 1 << 18  # products evaluated per batch (bounds memory)
+GEN_BATCH = 1 << 18  # most products evaluated in one batch
+GEN_BATCH_BYTES = 16 << 20  # bytes of keys and URLs one batch of products is sized to make
+FIRST_RENDERED_BATCH = 1024  # products of a first batch whose sizes only rendering tells
+URL_CACHE_BYTES = 16 << 20  # rendered refs URLs kept for reuse
+INT_TEXT = 20  # characters of an int64 as text
+INT_RENDERING = 1024  # characters a rendered offset or length may have
 
 
 class RenderBudget:
@@ -142,7 +154,7 @@ class TemplateSet:
             else:
                 self.plain[key] = value
                 self.context[key] = value
-        self._url_cache: dict[str, str] = {}
+        self._url_cache: LRU[str, str] = LRU(100_000, max_weight=URL_CACHE_BYTES, weigh=len)
         self.memory_cap = MemoryCap()
 
     def _function(self, template: Any, key: str) -> Callable[..., str]:
@@ -200,8 +212,7 @@ class TemplateSet:
         out = self._url_cache.get(url)
         if out is None:
             out = self.render(self.compile(url, f"url {url[:60]!r}"), self.context, "refs url")
-            if len(self._url_cache) < 100_000:
-                self._url_cache[url] = out
+            self._url_cache.put(url, out)
         return out
 
 
@@ -256,6 +267,18 @@ def _eval(node: nodes.Node, dims: dict[str, np.ndarray], plain: dict[str, str]) 
     raise _NotVectorizable
 
 
+@dataclass(frozen=True)
+class Room:
+    """What the renderings of one field for a batch of products may make: ``each``
+    characters a product, ``total`` for the batch (checked as each is rendered)."""
+
+    each: int
+    total: int
+    each_why: str  # "is longer than ... (limit ...)": a rendering longer than ``each``
+    total_why: str  # the same for a batch past ``total``
+    what: str = "rendering"  # what a rendering is, in a refusal ("key")
+
+
 class _Plan:
     """A jinja string compiled either to parts evaluated on columns, or to a template."""
 
@@ -275,6 +298,40 @@ class _Plan:
             if not isinstance(part, nodes.TemplateData) and not _names_ok(part, dim_names, templates):
                 self.parts = None
                 break
+        # Output at the top level of the template is rendered for every product, whatever
+        # else the template does: its fixed text is in every rendering.
+        self.fixed = [n for out in body if isinstance(out, nodes.Output) for n in out.nodes]
+        if any(tree.find_all(nodes.Extends)):  # a child template renders its blocks only
+            self.fixed = []
+        self.dim_names = set(dim_names)
+        self.constant = not any(n.name in self.dim_names for n in tree.find_all(nodes.Name))
+
+    def shortest(self) -> int:
+        """Characters every rendering has at least, known before any is made: the fixed
+        text, the plain templates and constants at the top level (a value of a dimension
+        or of an expression: at least one character)."""
+        return sum(self._length(n, None) for n in self.fixed)
+
+    def longest(self, dims: dict[str, Dimension]) -> int | None:
+        """Characters a product's column-evaluated string has at most (None: rendered per
+        product, its length known only then)."""
+        if self.parts is None:
+            return None
+        return sum(self._length(n, dims) for n in self.parts)
+
+    def _length(self, node: nodes.Node, dims: dict[str, Dimension] | None) -> int:
+        """A node's rendered length: the least (``dims`` None) or the most."""
+        if isinstance(node, nodes.TemplateData):
+            return len(node.data)
+        if isinstance(node, nodes.Const) and isinstance(node.value, int | str):
+            return len(str(node.value))
+        if isinstance(node, nodes.Name) and node.name in self.templates.plain:
+            return len(self.templates.plain[node.name])
+        if dims is None:
+            return 1 if isinstance(node, nodes.Name) and node.name in self.dim_names else 0
+        if isinstance(node, nodes.Name) and node.name in dims:
+            return dims[node.name].text_length()
+        return INT_TEXT  # integer arithmetic on columns: an int64
 
     def columns(self, dims: dict[str, np.ndarray], n: int) -> list[Column] | None:
         if self.parts is None:
@@ -290,14 +347,11 @@ class _Plan:
             return None
         return out
 
-    def strings(self, dims: dict[str, np.ndarray], n: int, contexts: Contexts) -> pa.Array:
+    def strings(self, dims: dict[str, np.ndarray], n: int, contexts: Contexts,
+                room: Room) -> pa.Array:
         cols = self.columns(dims, n)
         if cols is None:
-            render = self.templates.render
-            # The memory cap is set and the budget measured once for the batch, not per product.
-            with self.templates.rendering(self.where), self.templates.memory_cap:
-                out = [render(self.template, ctx, self.where) for ctx in contexts()]
-            return pa.array(out, pa.large_string())
+            return pa.array(self._rendered(contexts, room), pa.large_string())
         pieces: list[Any] = []
         for c in cols:
             if isinstance(c, np.ndarray):
@@ -310,13 +364,34 @@ class _Plan:
             return pa.array(["".join(p.as_py() for p in pieces)] * n, pa.large_string())
         return pc.binary_join_element_wise(*pieces, pa.scalar("", pa.large_string()))
 
+    def _rendered(self, contexts: Contexts, room: Room) -> list[str]:
+        """Each product rendered by the sandbox, refused as soon as one rendering, or the
+        batch's, passes ``room``."""
+        render = self.templates.render
+        out: list[str] = []
+        total = 0
+        # The memory cap is set and the budget measured once for the batch, not per product.
+        with self.templates.rendering(self.where), self.templates.memory_cap:
+            for ctx in contexts():
+                text = render(self.template, ctx, self.where)
+                total += len(text)
+                if len(text) > room.each:
+                    shown = repr(text if len(text) <= 80 else text[:77] + "...")
+                    raise ReferenceSetError(
+                        f"{self.templates.name}: {self.where}: {room.what} {shown} {room.each_why}")
+                if total > room.total:
+                    raise ReferenceSetError(f"{self.templates.name}: {self.where}: {room.total_why}")
+                out.append(text)
+        return out
+
     def integers(self, dims: dict[str, np.ndarray], n: int, contexts: Contexts) -> np.ndarray:
         cols = self.columns(dims, n)
         if cols is not None:
             cleaned = [c for c in cols if not (isinstance(c, str) and not c.strip())]
             if len(cleaned) == 1 and not isinstance(cleaned[0], str):
                 return np.broadcast_to(np.asarray(cleaned[0], np.int64), (n,))
-        text = self.strings(dims, n, contexts)
+        why = f"is longer than {INT_RENDERING} characters: not an integer"
+        text = self.strings(dims, n, contexts, Room(INT_RENDERING, INT_RENDERING * n, why, why))
         try:
             return pc.cast(pc.utf8_trim_whitespace(text), pa.int64()).to_numpy()
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -381,6 +456,16 @@ class Dimension:
             return cls(range_length(start, stop, step), start, step)
         raise ReferenceSetError(f"{name}: {where} must be {{start, stop, step}} or a list")
 
+    def text_length(self) -> int:
+        """The most characters a value has as text."""
+        if self.length == 0:
+            return 0
+        if self.listed is not None:
+            ends = (int(self.listed.min()), int(self.listed.max()))
+        else:
+            ends = (self.start, self.start + (self.length - 1) * self.step)
+        return max(len(str(v)) for v in ends)
+
     def at(self, positions: np.ndarray) -> np.ndarray:
         """The values at ``positions`` (int64, each below ``length``)."""
         if self.listed is not None:
@@ -437,12 +522,32 @@ class GenEntry:
             if f in entry
         }
 
+    def longest(self) -> int | None:
+        """Characters of a product's key and URL together at most, when both are evaluated
+        on columns (None: one of them is rendered per product)."""
+        key, url = (self.plans[f].longest(self.dims) for f in ("key", "url"))
+        return None if key is None or url is None else key + url
+
     def expand(self, builder: IndexBuilder) -> None:
-        """Add the entry's references, GEN_BATCH products at a time."""
+        """Add the entry's references a batch at a time, each batch sized to make about
+        GEN_BATCH_BYTES of keys and URLs: from their longest text when it is known before
+        rendering, else from what the batch before made (the first: FIRST_RENDERED_BATCH
+        products). Keys are checked against ``max_key_length``, and keys and URLs counted
+        against ``max_generated``, a batch at a time — renderings as each is made."""
         templates, names, dims = self.templates, list(self.dims), list(self.dims.values())
         total, plans = self.products, self.plans
-        for start in range(0, total, GEN_BATCH):
-            stop = min(start + GEN_BATCH, total)
+        where = f"{templates.name}: {self.where}"
+        max_len = builder.limits.max_key_length
+        each_key = max_len if builder.bad_keys == "error" else MAX_RENDERED
+        too_long = key_too_long(max_len)
+        if self.plans["key"].shortest() > max_len:  # bad_keys=skip (else refused before)
+            builder.skip_all(f"{self.where}: every one of its {total:,} keys {too_long}", total)
+            return
+        known = self.longest()
+        n_next = FIRST_RENDERED_BATCH if known is None else _batch_for(known)
+        start = 0
+        while start < total:
+            stop = min(start + n_next, total)
             n = stop - start
             flat = np.arange(start, stop, dtype=np.int64)
             idx = np.unravel_index(flat, self.shape)  # C order: the last dimension varies fastest
@@ -456,14 +561,53 @@ class GenEntry:
                         base[k] = lists[k][r]
                     yield base
 
-            keys = plans["key"].strings(cols, n, contexts)
-            urls = plans["url"].strings(cols, n, contexts)
+            room = builder.room()
+            left = sys.maxsize if room is None else room
+            why = generated_why(builder.limits.max_generated)
+            keys = plans["key"].strings(cols, n, contexts, Room(each_key, left, too_long, why, "key"))
+            key_lengths = pc.binary_length(keys)
+            key_bytes = pc.sum(key_lengths).as_py() or 0
+            urls = plans["url"].strings(cols, n, contexts,
+                                        Room(MAX_RENDERED, max(left - key_bytes, 0), "", why))
             if "offset" in plans:
                 offsets = plans["offset"].integers(cols, n, contexts)
                 lengths = plans["length"].integers(cols, n, contexts)
             else:
                 offsets = lengths = None
-            builder.add_columns(keys, urls, offsets, lengths, where=f"{templates.name}: {self.where}")
+            made = (pc.max(key_lengths).as_py() or 0) + (pc.max(pc.binary_length(urls)).as_py() or 0)
+            builder.add_columns(keys, urls, offsets, lengths, where=where)
+            start = stop
+            n_next = _batch_for(max(made, known or 0))
+
+
+def _batch_for(product_bytes: int) -> int:
+    """Products a batch may have when each makes up to ``product_bytes`` of key and URL."""
+    return max(1, min(GEN_BATCH, GEN_BATCH_BYTES // max(product_bytes, 1)))
+
+
+def check_generated(name: str, entries: list[GenEntry], before: int, limits: Limits,
+                    bad_keys: str) -> None:
+    """Refuse, before anything is generated, an entry whose keys are all longer than
+    ``max_key_length``, or whose keys' fixed text alone (times its products, with the
+    ``before`` bytes of keys and URLs already made) comes to more than ``max_generated``."""
+    total = before
+    for e in entries:
+        if not e.products:
+            continue
+        key, url = e.plans["key"], e.plans["url"]
+        shortest = key.shortest()
+        if shortest > limits.max_key_length:
+            if bad_keys == "error":
+                raise ReferenceSetError(
+                    f"{name}: {e.where}.key: every key {key_too_long(limits.max_key_length)}")
+            continue  # bad_keys=skip: every key is dropped as its batch is made, none kept
+        prior = total
+        total += e.products * shortest + (url.shortest() if url.constant else 0)
+        if total > limits.max_generated:
+            so_far = f" (with the {prior:,} bytes before it)" if prior else ""
+            raise ReferenceSetError(
+                f"{name}: {e.where}: {e.products:,} keys of at least {shortest:,} bytes"
+                f"{so_far}: {generated_why(limits.max_generated)}")
 
 
 def check_key_count(name: str, entries: list[GenEntry], before: int, max_keys: int) -> None:
@@ -518,6 +662,8 @@ def read_v1(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any 
         templates = TemplateSet(raw_templates, name, watchdog)
         entries = [GenEntry(entry, i, templates) for i, entry in enumerate(gen)]
         check_key_count(name, entries, 0, limits.max_keys)  # refused before any work
+        check_generated(name, entries, 0, limits, builder.bad_keys)
+        builder.bound_generated(name)
         with open_stream() as f:
             try:
                 add = builder.add_value
@@ -531,9 +677,11 @@ def read_v1(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any 
         if n == 0:  # kvitems yields nothing for a 'refs' that is not an object: say so
             _refs_must_be_an_object(open_stream, name, backend, limits)
         check_key_count(name, entries, builder.keys_read, limits.max_keys)
+        builder.flush()  # the last keys of refs counted
+        check_generated(name, entries, builder.generated, limits, builder.bad_keys)
         for entry in entries:
             entry.expand(builder)
 
 
-__all__ = ["Dimension", "GenEntry", "RenderBudget", "TemplateSet", "check_key_count",
-           "range_length", "read_v1"]
+__all__ = ["Dimension", "GenEntry", "RenderBudget", "Room", "TemplateSet", "check_generated",
+           "check_key_count", "range_length", "read_v1"]

@@ -179,3 +179,124 @@ def test_gen_rendered_product_by_product_is_refused_past_the_budget(tmp_path: Pa
     index = KeyIndex(build_index(write(tmp_path / "small.json", small), {},
                                  limits=Limits(max_template_seconds=0.5)).finish())
     assert index.n == 1000
+
+
+# ---- the bytes of keys and URLs a set makes (max_generated) --------------------------------------
+
+
+def tree(chars: int) -> str:
+    """A path of about ``chars`` characters that passes every key check (199-character names)."""
+    return "/".join(["d" * 199] * (chars // 200))
+
+
+def test_gen_whose_fixed_text_passes_max_generated_is_refused_before_any_key_is_made(
+        tmp_path: Path) -> None:
+    p = tree(60_000)
+    doc = {"version": 1, "templates": {"p": p}, "gen": [gen("{{p}}/{{i}}", {"i": {"stop": 10_000}})]}
+    src = write(tmp_path / "g.json", doc)
+    for read in (lambda: build_index(src, {}), lambda: inspect(src, {})):
+        t = time.process_time()
+        with pytest.raises(ReferenceSetError, match=r"gen\[0\]: 10,000 keys of at least 60,001 "
+                           r"bytes: .*limit max_generated=512M\)$"):
+            read()
+        assert time.process_time() - t < 1.0
+    # counted with the refs before it, and within the bound the set is read
+    limits = Limits(max_generated=1 << 20)
+    small = {"version": 1, "templates": {"p": "x" * 100}, "refs": {"r": ["/d/" + "u" * 30_000]},
+             "gen": [gen("{{p}}/{{i}}", {"i": {"stop": 10_000}})]}
+    with pytest.raises(ReferenceSetError, match=r"gen\[0\]: 10,000 keys of at least 102 bytes "
+                       r"\(with the 30,004 bytes before it\).*max_generated=1M\)$"):
+        build_index(write(tmp_path / "s.json", small), {}, limits=limits)
+    assert KeyIndex(build_index(write(tmp_path / "s.json", small), {}).finish()).n == 10_001
+    small = {**small, "refs": {}, "gen": [gen("{{p}}/{{i}}", {"i": {"stop": 9_000}})]}
+    assert KeyIndex(build_index(write(tmp_path / "s.json", small), {}, limits=limits).finish()).n \
+        == 9_000
+
+
+def test_gen_whose_every_key_is_over_max_key_length_is_refused_before_expanding(
+        tmp_path: Path) -> None:
+    doc = {"version": 1, "templates": {"p": tree(70_000)},
+           "gen": [gen("{{p}}/{{i}}", {"i": {"stop": 1_000_000}})]}
+    src = write(tmp_path / "g.json", doc)
+    t = time.process_time()
+    with pytest.raises(ReferenceSetError, match=r"gen\[0\]\.key: every key is longer than 65,536 "
+                       r"bytes \(limit max_key_length=64K\)$"):
+        build_index(src, {})
+    b = build_index(src, {}, "skip")  # skipped whole, none made
+    assert KeyIndex(b.finish()).n == 0 and b.skipped_unnamed == 999_999
+    assert b.skipped == ["gen[0]: every one of its 1,000,000 keys is longer than 65,536 bytes "
+                         "(limit max_key_length=64K)"]
+    assert time.process_time() - t < 1.0
+
+
+@pytest.mark.parametrize("key", ["{{p}}{{i}}", "{{ p|string }}{{i}}"])  # columns; rendered
+def test_keys_over_max_key_length_are_refused_in_the_batch_that_makes_them(
+        tmp_path: Path, key: str) -> None:
+    """Keys of 98 to 101 characters under max_key_length=100: the shortest fits, so the entry
+    is expanded, and the first key over it stops the parse (or is skipped at once)."""
+    limits = Limits(max_key_length=100)
+    doc = {"version": 1, "templates": {"p": "k" * 97}, "gen": [gen(key, {"i": {"stop": 2000}})]}
+    src = write(tmp_path / "g.json", doc)
+    with pytest.raises(ReferenceSetError, match=r"gen\[0\](\.key)?: key 'k{77}\.\.\.' is longer than "
+                       r"100 bytes \(limit max_key_length=100\)$"):
+        build_index(src, {}, limits=limits)
+    b = build_index(src, {}, "skip", limits=limits)
+    index = KeyIndex(b.finish())
+    assert index.n == 1000 and len(b.skipped) == 1000
+    assert index.key(999) == ("k" * 97 + "999").encode()
+
+
+def test_rendered_keys_are_counted_against_max_generated_as_they_are_made(tmp_path: Path) -> None:
+    """Only rendering tells how long ``p|string`` is: the fixed text passes the check before
+    expanding, the renderings are refused once they pass the bound, not after all of them."""
+    doc = {"version": 1, "templates": {"p": tree(60_000)},
+           "gen": [gen("{{ p|string }}/{{i}}", {"i": {"stop": 1_000_000}})]}
+    t = time.process_time()
+    with pytest.raises(ReferenceSetError, match=r"gen\[0\]\.key: the set's keys and URLs come to "
+                       r"more than 16,777,216 bytes \(limit max_generated=16M\)$"):
+        build_index(write(tmp_path / "g.json", doc), {}, limits=Limits(max_generated=16 << 20))
+    assert time.process_time() - t < 2.0
+
+
+def test_distinct_gen_urls_are_counted_against_max_generated(tmp_path: Path) -> None:
+    doc = {"version": 1, "templates": {"p": "u" * 10_000},
+           "gen": [gen("k/{{i}}", {"i": {"stop": 1_000_000}}, url="/d/{{p}}{{i}}")]}
+    t = time.process_time()
+    with pytest.raises(ReferenceSetError, match=r"gen\[0\]: the set's keys and URLs come to more "
+                       r"than 16,777,216 bytes \(limit max_generated=16M\)$"):
+        build_index(write(tmp_path / "g.json", doc), {}, limits=Limits(max_generated=16 << 20))
+    assert time.process_time() - t < 2.0
+    same = {"version": 1, "templates": {"p": "u" * 10_000},  # one URL: counted once
+            "gen": [gen("k/{{i}}", {"i": {"stop": 100_000}}, url="/d/{{p}}")]}
+    b = build_index(write(tmp_path / "same.json", same), {}, limits=Limits(max_generated=16 << 20))
+    assert KeyIndex(b.finish()).n == 100_000
+
+
+def test_rendered_refs_urls_are_counted_against_max_generated(tmp_path: Path) -> None:
+    doc = {"version": 1, "refs": {f"k{n}": [f"/d/{{{{ 'x' * 100000 }}}}{n}", 0, 1]
+                                  for n in range(100)}}
+    with pytest.raises(ReferenceSetError, match=r"the URL of key 'k10': the set's keys and URLs "
+                       r"come to more than 1,048,576 bytes \(limit max_generated=1M\)$"):
+        build_index(write(tmp_path / "r.json", doc), {}, limits=Limits(max_generated=1 << 20))
+    keys = {"version": 1, "refs": {f"{n:0100d}": "x" for n in range(70_000)}}
+    with pytest.raises(ReferenceSetError, match=r": refs: the set's keys and URLs come to more "
+                       r"than 1,048,576 bytes"):
+        build_index(write(tmp_path / "k.json", keys), {}, limits=Limits(max_generated=1 << 20))
+
+
+def test_urls_rendered_for_refs_are_cached_within_a_bound_of_bytes(tmp_path: Path) -> None:
+    """300 URL templates that render the same 1 MB URL: the cache of renderings (keyed by
+    template) keeps a few of them, not 300 MB."""
+    import tracemalloc
+
+    doc = {"version": 1, "refs": {f"k{n}": [f"/d/{{{{ 'x' * 1000000 }}}}{{# {n} #}}", 0, 1]
+                                  for n in range(300)}}
+    src = write(tmp_path / "r.json", doc)
+    tracemalloc.start()
+    try:
+        b = build_index(src, {})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert KeyIndex(b.finish()).n == 300
+    assert peak < 64 << 20, f"{peak:,} bytes"
