@@ -120,7 +120,11 @@ def _serve_parser() -> argparse.ArgumentParser:
         "the base URL and the server's process id once it answers; stop it with kill PID.",
         epilog=f"options (-o), the same as a mount's:\n{options_help()}",
     )
-    p.add_argument("source", metavar="SOURCE", help="reference set: local path or fsspec URL")
+    p.add_argument("source", metavar="SOURCE", nargs="?",
+                   help="reference set: local path or fsspec URL")
+    p.add_argument("--env", action="store_true",
+                   help="SOURCE and options from $REFMOUNT_SOURCE and $REFMOUNT_OPTIONS (kept off "
+                   "the command line, where every user sees them)")
     p.add_argument("--listen", metavar="HOST:PORT", default=None,
                    help="address to listen on (default 127.0.0.1:8080; port 0: any free port)")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
@@ -131,12 +135,23 @@ def _serve_parser() -> argparse.ArgumentParser:
     return p
 
 
-def serve_config(args: argparse.Namespace) -> MountConfig:
-    source = args.source
+def serve_config(args: argparse.Namespace,
+                 environ: MutableMapping[str, str] = os.environ) -> MountConfig:
+    """The server's configuration; with ``--env``, SOURCE and the options from ``environ``
+    first (taken out of it), then the command line's ``-o`` options."""
+    source, options = args.source, []
+    if args.env:
+        if source is not None:
+            raise ConfigError(f"with --env, give no SOURCE: it is ${ENV_SOURCE}")
+        source, options = take_configuration(environ)
+        if source is None:
+            raise ConfigError(f"--env: ${ENV_SOURCE} is not set (the reference set to serve)")
+    if source is None:
+        raise ConfigError("SOURCE is required (see refmount serve --help)")
     if is_local(source):
         source = os.path.abspath(local_path(source))
     cfg = MountConfig(source=source, mountpoint="", serving=True)
-    apply_options(cfg, [o for group in args.options for o in split_options(group)])
+    apply_options(cfg, options + [o for group in args.options for o in split_options(group)])
     if args.listen is not None:
         apply_options(cfg, [f"listen={args.listen}"])
     _foreground_flags(cfg, args)
@@ -145,7 +160,10 @@ def serve_config(args: argparse.Namespace) -> MountConfig:
 
 def _run_serve(argv: list[str]) -> int:
     args = _serve_parser().parse_args(argv)
-    cfg = serve_config(args)
+    try:
+        cfg = serve_config(args)
+    except ConfigError as e:
+        return _fail(str(e))
     _stderr_warnings()
 
     def checks() -> None:
