@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, MutableMapping
+from types import ModuleType
 
 from . import __version__
 from .cachedir import check_cache_dir
@@ -92,16 +94,21 @@ def config_from_args(args: argparse.Namespace,
         source = os.path.abspath(local_path(source))
     cfg = MountConfig(source=source, mountpoint=os.path.abspath(mountpoint))
     apply_options(cfg, options + [o for group in args.options for o in split_options(group)])
+    _foreground_flags(cfg, args)
+    return cfg
+
+
+SUBCOMMANDS = ("expand", "inspect", "stats")
+
+
+def _foreground_flags(cfg: MountConfig, args: argparse.Namespace) -> None:
+    """``-d`` (foreground with debug logging) and ``-f``."""
     if args.debug:
         cfg.debug = True
         cfg.log_level = "debug"
         cfg.foreground = True
     if args.foreground:
         cfg.foreground = True
-    return cfg
-
-
-SUBCOMMANDS = ("expand", "inspect", "stats")
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -113,7 +120,11 @@ def _serve_parser() -> argparse.ArgumentParser:
         "the base URL and the server's process id once it answers; stop it with kill PID.",
         epilog=f"options (-o), the same as a mount's:\n{options_help()}",
     )
-    p.add_argument("source", metavar="SOURCE", help="reference set: local path or fsspec URL")
+    p.add_argument("source", metavar="SOURCE", nargs="?",
+                   help="reference set: local path or fsspec URL")
+    p.add_argument("--env", action="store_true",
+                   help="SOURCE and options from $REFMOUNT_SOURCE and $REFMOUNT_OPTIONS (kept off "
+                   "the command line, where every user sees them)")
     p.add_argument("--listen", metavar="HOST:PORT", default=None,
                    help="address to listen on (default 127.0.0.1:8080; port 0: any free port)")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
@@ -124,72 +135,46 @@ def _serve_parser() -> argparse.ArgumentParser:
     return p
 
 
-def serve_config(args: argparse.Namespace) -> MountConfig:
-    source = args.source
+def serve_config(args: argparse.Namespace,
+                 environ: MutableMapping[str, str] = os.environ) -> MountConfig:
+    """The server's configuration; with ``--env``, SOURCE and the options from ``environ``
+    first (taken out of it), then the command line's ``-o`` options."""
+    source, options = args.source, []
+    if args.env:
+        if source is not None:
+            raise ConfigError(f"with --env, give no SOURCE: it is ${ENV_SOURCE}")
+        source, options = take_configuration(environ)
+        if source is None:
+            raise ConfigError(f"--env: ${ENV_SOURCE} is not set (the reference set to serve)")
+    if source is None:
+        raise ConfigError("SOURCE is required (see refmount serve --help)")
     if is_local(source):
         source = os.path.abspath(local_path(source))
     cfg = MountConfig(source=source, mountpoint="", serving=True)
-    apply_options(cfg, [o for group in args.options for o in split_options(group)])
+    apply_options(cfg, options + [o for group in args.options for o in split_options(group)])
     if args.listen is not None:
         apply_options(cfg, [f"listen={args.listen}"])
-    if args.debug:
-        cfg.debug = True
-        cfg.log_level = "debug"
-        cfg.foreground = True
-    if args.foreground:
-        cfg.foreground = True
+    _foreground_flags(cfg, args)
     return cfg
 
 
 def _run_serve(argv: list[str]) -> int:
     args = _serve_parser().parse_args(argv)
-    cfg = serve_config(args)
-    _stderr_warnings()
-    if cfg.disk_cache:
-        try:
-            check_cache_dir(cfg.cache_dir)  # before anything is written there
-        except MountError as e:
-            return _fail(str(e))
-    if cfg.foreground:
-        from .indexer import Indexer, IndexerError
-
-        indexer = Indexer(cfg)
-        try:
-            from .httpdaemon import serve  # imported while the child parses
-        except BaseException:
-            indexer.kill()
-            raise
-        try:
-            index_file = indexer.result()
-        except IndexerError as e:
-            return _fail(str(e))
-        from .daemon import setup_logging
-
-        setup_logging(cfg, detached=False)
-        try:
-            return serve(cfg, index_file, on_ready=lambda url: print(url, os.getpid(), flush=True))
-        except MountError as e:
-            return _fail(str(e))
-        finally:
-            _remove_temporary(index_file)
-    launcher = None
-    index_file = None
     try:
-        launcher = DaemonLauncher(cfg.listen, module="refmount.httpdaemon")
-        index_file = index_source(cfg)
-        check_index_targets(cfg, index_file)
-        advise_on_decoding(cfg, index_file)
-    except BaseException as e:
-        if launcher is not None:
-            launcher.abort()
-        if index_file is not None:
-            _remove_temporary(index_file)
-        if isinstance(e, ReferenceSetError | MountError | TargetRefused):
-            return _fail(str(e))
-        if isinstance(e, MemoryError):
-            return _fail(f"{cfg.source}: out of memory while indexing the reference set")
-        raise
-    return launcher.hand_over(cfg, index_file, on_ready=lambda what: print(what, flush=True))
+        cfg = serve_config(args)
+    except ConfigError as e:
+        return _fail(str(e))
+    _stderr_warnings()
+
+    def checks() -> None:
+        if cfg.disk_cache:
+            check_cache_dir(cfg.cache_dir)  # before anything is written there
+
+    if cfg.foreground:
+        return _serve_in_foreground(cfg, checks, "refmount.httpdaemon", lambda serving, index_file, _: (
+            serving.serve(cfg, index_file, on_ready=lambda url: print(url, os.getpid(), flush=True))))
+    return _serve_detached(cfg, checks, lambda: DaemonLauncher(cfg.listen, module="refmount.httpdaemon"),
+                           on_ready=lambda what: print(what, flush=True))
 
 
 def _tool_parser(command: str) -> argparse.ArgumentParser:
@@ -289,17 +274,68 @@ def _run(args: argparse.Namespace, credentials_warning: str | None = None) -> in
         return _fail(str(e))
     # Until the daemon takes over, warnings (e.g. skipped keys) go to stderr.
     _stderr_warnings()
-    if cfg.foreground:
-        return _run_foreground(cfg, credentials_warning)
-    launcher = None
-    index_file: IndexFile | None = None
-    try:
+
+    def checks() -> None:
         if cfg.recover:
             recover_stale_mount(cfg.mountpoint)
         check_mountpoint(cfg.mountpoint, cfg.nonempty)
         if cfg.disk_cache:
             check_cache_dir(cfg.cache_dir)  # before anything is written there
-        launcher = DaemonLauncher(cfg.mountpoint)
+
+    if cfg.foreground:
+        def ready() -> None:
+            if credentials_warning:
+                print(credentials_warning, file=sys.stderr, flush=True)
+
+        return _serve_in_foreground(cfg, checks, "refmount.daemon", lambda daemon, index_file, log_target: (
+            daemon.serve(cfg, index_file, on_ready=ready, log_target=log_target)))
+    code = _serve_detached(cfg, checks, lambda: DaemonLauncher(cfg.mountpoint))
+    if code == 0 and credentials_warning:
+        print(credentials_warning, file=sys.stderr)
+    return code
+
+
+def _serve_in_foreground(cfg: MountConfig, checks: Callable[[], None], module: str,
+                         run: Callable[[ModuleType, IndexFile, str], int]) -> int:
+    """``-f``: this process serves (``run(module, index_file, log_target)``, ``module`` the
+    serving process's: ``refmount.daemon`` or ``refmount.httpdaemon``) from an index that a
+    child process parsed (see indexer.py), so that it never holds the parser's heap."""
+    from .indexer import Indexer, IndexerError
+
+    try:
+        checks()
+    except MountError as e:
+        return _fail(str(e))
+    indexer = Indexer(cfg)
+    try:
+        serving = importlib.import_module(module)  # imported while the child parses
+        from .daemon import setup_logging
+    except BaseException:
+        indexer.kill()
+        raise
+    try:
+        index_file = indexer.result()
+    except IndexerError as e:
+        return _fail(str(e))
+    log_target = setup_logging(cfg, detached=False)
+    try:
+        return run(serving, index_file, log_target)
+    except MountError as e:
+        return _fail(str(e))
+    finally:
+        _remove_temporary(index_file)  # serve() removes it once mapped; not if it failed before
+
+
+def _serve_detached(cfg: MountConfig, checks: Callable[[], None],
+                    launch: Callable[[], DaemonLauncher],
+                    on_ready: Callable[[str], None] | None = None) -> int:
+    """The serving process is started first (``launch``: its imports overlap the parse), then
+    SOURCE is indexed and checked here and handed over; a refusal leaves nothing behind."""
+    launcher = None
+    index_file: IndexFile | None = None
+    try:
+        checks()
+        launcher = launch()
         index_file = index_source(cfg)
         check_index_targets(cfg, index_file)
         advise_on_decoding(cfg, index_file)
@@ -313,47 +349,7 @@ def _run(args: argparse.Namespace, credentials_warning: str | None = None) -> in
         if isinstance(e, MemoryError):
             return _fail(f"{cfg.source}: out of memory while indexing the reference set")
         raise
-    code = launcher.hand_over(cfg, index_file)
-    if code == 0 and credentials_warning:
-        print(credentials_warning, file=sys.stderr)
-    return code
-
-
-def _run_foreground(cfg: MountConfig, credentials_warning: str | None = None) -> int:
-    """``-f``: this process serves, from an index that a child process parsed (see
-    indexer.py), so that it never holds the parser's heap."""
-    from .indexer import Indexer, IndexerError
-
-    try:
-        if cfg.recover:
-            recover_stale_mount(cfg.mountpoint)
-        check_mountpoint(cfg.mountpoint, cfg.nonempty)
-        if cfg.disk_cache:
-            check_cache_dir(cfg.cache_dir)  # before anything is written there
-    except MountError as e:
-        return _fail(str(e))
-    indexer = Indexer(cfg)
-    try:
-        from .daemon import serve, setup_logging  # imported while the child parses
-    except BaseException:
-        indexer.kill()
-        raise
-    try:
-        index_file = indexer.result()
-    except IndexerError as e:
-        return _fail(str(e))
-    log_target = setup_logging(cfg, detached=False)
-
-    def ready() -> None:
-        if credentials_warning:
-            print(credentials_warning, file=sys.stderr, flush=True)
-
-    try:
-        return serve(cfg, index_file, on_ready=ready, log_target=log_target)
-    except MountError as e:
-        return _fail(str(e))
-    finally:
-        _remove_temporary(index_file)  # serve() removes it once mapped; not if it failed before
+    return launcher.hand_over(cfg, index_file, on_ready)
 
 
 def index_source(cfg: MountConfig) -> IndexFile:

@@ -289,8 +289,12 @@ def set_kernel_readahead(dev: int, kb: int) -> None:
         log.debug("cannot set %s: %s", path, e.strerror)
 
 
-def _detached_main() -> int:
-    """Entry of the detached daemon: config on stdin, readiness on --ready-fd."""
+def run_detached(what: str, serve_set: Callable[[MountConfig, IndexFile, Callable[[str], None], str], int]
+                 ) -> int:
+    """The entry of a detached serving process (the mount's or the HTTP server's): its
+    configuration on stdin, its readiness on the inherited ``--ready-fd`` pipe. ``serve_set(cfg,
+    index_file, report, log_target)`` serves and calls ``report("READY …")`` once it answers;
+    a refusal is reported as ``ERROR <message>``."""
     process.ignore_user_signals()
     ready_fd = int(sys.argv[sys.argv.index("--ready-fd") + 1])
     text = sys.stdin.read()
@@ -315,14 +319,19 @@ def _detached_main() -> int:
     try:
         log_target = setup_logging(cfg, detached=True)
         os.dup2(devnull, 2)  # from here on everything goes to the log
-        return serve(cfg, index_file, lambda: report("READY"), log_target)
+        return serve_set(cfg, index_file, report, log_target)
     except MountError as e:
         report(f"ERROR {e}")
         return 1
     except Exception as e:
-        log.exception("daemon failed")
-        report(f"ERROR daemon failed: {type(e).__name__}: {e}")
+        log.exception("%s failed", what)
+        report(f"ERROR {what} failed: {type(e).__name__}: {e}")
         return 1
+
+
+def _detached_main() -> int:
+    return run_detached("daemon", lambda cfg, index_file, report, log_target: serve(
+        cfg, index_file, lambda: report("READY"), log_target))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import asyncio
 import errno
 import http.client
 import ipaddress
-import json
 import logging
 import os
 import signal
@@ -25,9 +24,9 @@ from collections.abc import Callable
 import trio
 
 from . import guestloop, process
-from .config import MountConfig, read_token, split_listen
+from .config import MountConfig, describe_options, read_token, split_listen
 from .core import SetCore, build_core
-from .daemon import describe_options, sd_notify, setup_logging
+from .daemon import run_detached, sd_notify
 from .errors import ConfigError, MountError
 from .fetch import await_task
 from .httpserve import HttpFrontEnd
@@ -152,38 +151,8 @@ async def _stop_on_signal(nursery: trio.Nursery, server: asyncio.AbstractServer)
 
 
 def _detached_main() -> int:
-    """Entry of the detached server: config on stdin, readiness on --ready-fd."""
-    ready_fd = int(sys.argv[sys.argv.index("--ready-fd") + 1])
-    text = sys.stdin.read()
-    if not text:
-        return 0  # the CLI found a problem before handing over: nothing to do
-    payload = json.loads(text)
-    cfg = MountConfig(**payload["config"])
-    index_file = IndexFile(**payload["index"])
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1):
-        os.dup2(devnull, fd)
-    os.chdir("/")
-    ready = os.fdopen(ready_fd, "w")
-
-    def report(message: str) -> None:
-        try:
-            ready.write(message + "\n")
-            ready.close()
-        except OSError:
-            pass
-
-    try:
-        setup_logging(cfg, detached=True)
-        os.dup2(devnull, 2)  # from here on everything goes to the log
-        return serve(cfg, index_file, lambda url: report(f"READY {url} {os.getpid()}"))
-    except MountError as e:
-        report(f"ERROR {e}")
-        return 1
-    except Exception as e:
-        log.exception("server failed")
-        report(f"ERROR server failed: {type(e).__name__}: {e}")
-        return 1
+    return run_detached("server", lambda cfg, index_file, report, log_target: serve(
+        cfg, index_file, lambda url: report(f"READY {url} {os.getpid()}")))
 
 
 if __name__ == "__main__":

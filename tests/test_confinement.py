@@ -28,7 +28,14 @@ from pathlib import Path
 import psutil
 import pytest
 from support.confinement import as_nobody, mkdir_public, parquet_set, write_json
-from support.mounts import CLI, fusermount_u, is_mounted, mount_entries, opts_arg, run_cli
+from support.mounts import (
+    CLI,
+    is_mounted,
+    mount_entries,
+    opts_arg,
+    run_cli,
+    stop_foreground,
+)
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
@@ -462,10 +469,4 @@ def test_sentinel_secrets_stay_off_every_command_line(mount, srv, tmp_path, how)
         warned = "credentials on the command line" in stderr
         assert warned == (how != "service"), stderr
     finally:
-        if proc.poll() is None:
-            fusermount_u(m.path)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_foreground(proc, m.path)

@@ -9,11 +9,13 @@ machine. A new command line in either document fails this test until it is one o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -95,6 +97,7 @@ class Place:
         self.env = cli_env()
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env['PATH']}"
         self.env["XDG_CACHE_HOME"] = str(base / "cache")
+        self.servers: dict[str, int] = {}  # base URL -> PID of the servers the lines started
 
     def local(self, text: str) -> str:
         return re.sub(r"(?<![\w.])/(mnt|srv|data)/", lambda m: f"{self.base}/{m.group(1)}/", text)
@@ -107,6 +110,21 @@ class Place:
     def mounts(self) -> list[Path]:
         return [p for p in (self.base / "mnt").iterdir() if is_mounted(p)]
 
+    def started_server(self, r: subprocess.CompletedProcess) -> None:
+        """A detached ``refmount serve`` printed ``URL PID``: stopped at the end."""
+        url, pid = r.stdout.split()
+        self.servers[url] = int(pid)
+
+    def stop_servers(self) -> None:
+        for pid in self.servers.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        for pid in self.servers.values():
+            deadline = time.monotonic() + 20
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        self.servers.clear()
+
 
 @pytest.fixture
 def place(tmp_path, datasets):
@@ -114,6 +132,7 @@ def place(tmp_path, datasets):
     try:
         yield p
     finally:
+        p.stop_servers()
         for m in p.mounts():
             fusermount_u(m)
 
@@ -143,9 +162,21 @@ def run_foreground(place: Place, line: str) -> None:
 MOUNT_LINE = re.compile(r"^refmount (\S+) (/mnt/\S+)")
 
 
+SERVER = "http://127.0.0.1:8080/"
+
+
 def prepare(place: Place, line: str) -> None:
     """Each line runs as the document shows it in its place: a line that mounts finds its
-    mountpoint free; any other line that names a mountpoint finds ``refs.json`` mounted there."""
+    mountpoint free, one that starts a server finds its port free; any other line that names a
+    mountpoint finds ``refs.json`` mounted there, and one that names the server's address
+    finds ``refs.json`` served there (decoded)."""
+    if line.startswith("refmount serve "):
+        place.stop_servers()
+        return
+    if SERVER.rstrip("/") in line and not place.servers:
+        r = place.run("refmount serve refs.json -o decode,allow_local=/data/netcdf")
+        assert r.returncode == 0, r.stderr
+        place.started_server(r)
     if (m := MOUNT_LINE.match(line)) is not None and m[1] not in ("stats", "inspect", "expand"):
         mnt = Path(place.local(m[2]))
         if is_mounted(mnt):
@@ -175,8 +206,13 @@ def test_every_documented_command_line_runs(place):
             r = place.run(line)
             if r.returncode != 0:
                 failed.append(f"{doc}: {line}\n  exit {r.returncode}: {r.stderr.strip()[-500:]}")
+            elif line.startswith("refmount serve "):
+                place.started_server(r)
     assert not failed, "\n".join(failed)
     assert len(ran) >= 15, ran
+    place.stop_servers()
+    with socket.socket() as c, pytest.raises(OSError):
+        c.connect(("127.0.0.1", 8080))  # nothing left listening
 
 
 def test_every_python_block_runs(place):

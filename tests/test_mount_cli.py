@@ -24,6 +24,8 @@ from support.mounts import (
     mount_entry,
     opts_arg,
     run_cli,
+    start_foreground,
+    stop_foreground,
     wait_gone,
 )
 
@@ -130,13 +132,7 @@ def test_signal_unmounts_and_exits(mount, datasets, sig):
 
 @pytest.mark.parametrize("how", ["fusermount", "SIGTERM", "SIGINT"])
 def test_foreground_mode(mount, datasets, how):
-    m = mount.track(datasets.refs["hand_local"])
-    argv = [*CLI, str(datasets.refs["hand_local"]), str(m.path), "-f", *opts_arg(m.opts)]
-    err_path = m.log.with_suffix(".stderr")
-    with open(err_path, "wb") as err:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-                                cwd=REPO, env=cli_env())
-    m.procs.append(psutil.Process(proc.pid))
+    m, proc, err_path = start_foreground(mount, datasets.refs["hand_local"])
     try:
         wait_mounted(m.path, proc)
         assert proc.poll() is None, "refmount -f returned while mounted"
@@ -149,13 +145,7 @@ def test_foreground_mode(mount, datasets, how):
         assert rc == 0, f"exit {rc}: {err_path.read_text(errors='replace')}"
         assert not is_mounted(m.path)
     finally:
-        if proc.poll() is None:
-            fusermount_u(m.path)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_foreground(proc, m.path)
 
 
 def make_stale(mount, src):
@@ -338,13 +328,7 @@ def test_sigusr1_and_sigusr2_keep_the_mount_serving(mount, datasets):
 def test_sigusr1_during_foreground_start_up_is_harmless(mount, datasets):
     """``refmount -f`` signalled with SIGUSR1/SIGUSR2 right after it starts (before it mounts,
     while the indexer parses) and again while serving: it mounts and serves."""
-    m = mount.track(datasets.refs["hand_local"])
-    argv = [*CLI, str(datasets.refs["hand_local"]), str(m.path), "-f", *opts_arg(m.opts)]
-    err_path = m.log.with_suffix(".stderr")
-    with open(err_path, "wb") as err:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
-                                cwd=REPO, env=cli_env())
-    m.procs.append(psutil.Process(proc.pid))
+    m, proc, err_path = start_foreground(mount, datasets.refs["hand_local"])
     try:
         cli = psutil.Process(proc.pid)
         deadline = time.monotonic() + 30
@@ -362,10 +346,4 @@ def test_sigusr1_during_foreground_start_up_is_harmless(mount, datasets):
         assert proc.poll() is None, err_path.read_text(errors="replace")
         assert (m / "a/top").read_bytes() == b"top"
     finally:
-        if proc.poll() is None:
-            fusermount_u(m.path)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_foreground(proc, m.path)

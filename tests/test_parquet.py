@@ -745,7 +745,11 @@ def test_a_gzip_encoded_zmetadata_bomb_over_http_is_refused_within_max_inline(mo
     thread.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/set"
-        result, _line = mount_fails(url, *OPTS, must_mention=(".zmetadata", "max_inline=64M"))
+        # the ratio guard off, so that max_inline is what stops it (with it on, max_ratio does)
+        result, _line = mount_fails(url, *OPTS, "max_ratio=0",
+                                    must_mention=(".zmetadata", "max_inline=64M"))
+        assert result.seconds < 30
+        result, _line = mount_fails(url, *OPTS, must_mention=(".zmetadata", "max_ratio=200"))
         assert result.seconds < 30
     finally:
         server.shutdown()

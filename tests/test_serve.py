@@ -259,17 +259,22 @@ def test_port_in_use_is_one_error_line_and_nothing_left(datasets, tmp_path):
 
 
 def test_foreground_notifies_systemd_and_stops_on_sigterm(datasets, tmp_path):
+    """As refmount-serve@.service runs it: SOURCE and options in the environment (--env), never
+    on the command line."""
     sock_path = str(tmp_path / "notify")
+    source = str(datasets.refs["hand_local"])
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
         notify.bind(sock_path)
         notify.settimeout(60)
-        env = {**cli_env(), "NOTIFY_SOCKET": sock_path}
-        proc = subprocess.Popen([*CLI, "serve", str(datasets.refs["hand_local"]), "--listen", "127.0.0.1:0",
-                                 "-f", "-o", "no_disk_cache"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env)
+        env = {**cli_env(), "NOTIFY_SOCKET": sock_path, "REFMOUNT_SOURCE": source,
+               "REFMOUNT_OPTIONS": "no_disk_cache"}
+        proc = subprocess.Popen([*CLI, "serve", "--env", "--listen", "127.0.0.1:0", "-f"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         try:
             message = notify.recv(4096).decode()
             assert "READY=1" in message, message
+            cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+            assert source.encode() not in cmdline and b"no_disk_cache" not in cmdline, cmdline
             url = message.split("STATUS=serving ")[1].strip()
             import urllib.request
 

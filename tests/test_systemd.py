@@ -304,12 +304,16 @@ def test_service_commands_as_systemd_runs_them(mount, hand, installed, tmp_path)
     conf = tmp_path / f"{instance}.conf"
     example = read_environment_file(CONF_EXAMPLE)
     assert set(example) == {"REFMOUNT_SOURCE", "REFMOUNT_OPTIONS"}, example
-    # the example's options, made hermetic (later options win)
+    # the example's options, made hermetic (later options win; the example's allow_local names
+    # the example's data directory: here, the test's)
     example_opts = split_options(example["REFMOUNT_OPTIONS"])
+    assert any(o.startswith("allow_local=") for o in example_opts), example_opts
+    data_dirs = sorted({os.path.dirname(v[0].removeprefix("file://"))
+                        for v in hand.refs.values() if isinstance(v, list)})
     conf.write_text(
         "# test copy of refmount.conf.example\n"
         f"REFMOUNT_SOURCE={hand.path}\n"
-        f"REFMOUNT_OPTIONS='{','.join(example_opts + m.opts)}'\n")
+        f"REFMOUNT_OPTIONS='{','.join([*example_opts, *m.opts, 'allow_local=' + ':'.join(data_dirs)])}'\n")
 
     unit = parse_unit(SERVICE)
     env = {}

@@ -384,3 +384,27 @@ class FailingMounter(Mounter):
         m.result = run_cli(str(source), str(mnt), *opts_arg(m.opts))
         m.refresh_procs()
         return m.result, assert_cli_error(m.result, mnt, *must_mention)
+
+
+def start_foreground(mounter: Mounter, source, *extra: str) -> tuple[Mount, subprocess.Popen, Path]:
+    """``refmount SOURCE MNT -f`` with the mounter's options, its output to a file; the mount
+    is tracked for cleanup. Returns the mount, the process and the output file."""
+    m = mounter.track(source)
+    argv = [*CLI, str(source), str(m.path), "-f", *opts_arg(m.opts), *extra]
+    err_path = m.log.with_suffix(".stderr")
+    with open(err_path, "wb") as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err,
+                                cwd=REPO, env=cli_env())
+    m.procs.append(psutil.Process(proc.pid))
+    return m, proc, err_path
+
+
+def stop_foreground(proc: subprocess.Popen, mnt: Path) -> None:
+    """Unmount a foreground refmount that still runs and wait for it (killed after 10 s)."""
+    if proc.poll() is None:
+        fusermount_u(mnt)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
