@@ -216,7 +216,7 @@ class HttpFrontEnd:
         try:  # one call into trio: the lookup and, for a GET, the first piece of the body
             plan = await self.caller.call(self._plan, parts, method, conditions)
         except ReadError as e:
-            return self._failed(e, headers)
+            return self._failed(b"/".join(parts).decode(errors="replace"), e, headers)
         if plan is None:
             return self._plain(404, headers, "no such key")
         found = plan.found
@@ -262,7 +262,7 @@ class HttpFrontEnd:
     async def _file(self, request: BaseRequest, plan: _Plan, headers: dict[str, str]) -> web.StreamResponse:
         found, status, start, stop = plan.found, plan.status, plan.start, plan.stop
         if plan.error is not None:  # the size or the first piece failed: a 502/504, no cut
-            return self._failed(plan.error, headers)
+            return self._failed(found.key, plan.error, headers)
         headers.update(plan.headers)
         if status == 304:
             return web.Response(status=304, headers=headers)
@@ -329,10 +329,10 @@ class HttpFrontEnd:
             request.transport.abort()
         return response
 
-    def _failed(self, e: ReadError, headers: dict[str, str]) -> web.Response:
-        self.core.stats.errors += 1
+    def _failed(self, key: str, e: ReadError, headers: dict[str, str]) -> web.Response:
+        self.core.stats.failed(key, e)  # counted, and the last error `refmount stats URL` shows
         if not e.logged:
-            log.error("%s", e)
+            log.error("read failed: key=%s %s", key, e)
         timed_out = isinstance(e, FetchError) and e.timed_out
         if timed_out:
             return self._plain(504, headers, "a target of this key timed out")

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .redact import redact_url
+
 
 @dataclass
 class Stats:
@@ -35,8 +37,6 @@ class Stats:
 
     def failed(self, key: str, error: Exception) -> None:
         """Count a read answered with an error and remember it as the last one."""
-        from .redact import redact_url
-
         self.errors += 1
         url = getattr(error, "url", None)
         self.last_error = {

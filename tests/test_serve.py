@@ -195,6 +195,8 @@ def test_target_failing_mid_body_aborts_the_transfer(serve, srv, tmp_path):
     srv.set_faults("big.bin", [Fault("stall", times=None, seconds=30)])
     h = head_lines(curl("-D-", "-o", "/dev/null", "-r", "2500000-2500010", s.url + "big").stdout)
     assert h["status"] == "504", h
+    last = s.stats()["last_error"]  # what `refmount stats URL` shows
+    assert last["key"] == "big" and "timed out" in last["reason"], last
     srv.clear_faults()
     assert s.request("GET", "/big", {"Range": "bytes=0-9"}).body == data[:10]  # still serving
 
