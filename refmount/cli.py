@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=f"mount options (-o):\n{options_help()}\n\n"
         "Sizes take K, M, G, T suffixes (powers of 1024).\n"
         "Other commands: refmount expand SOURCE [-o OUT] | refmount inspect SOURCE [--json] | "
-        "refmount stats MOUNTPOINT [--json]\n\n"
+        "refmount stats MOUNTPOINT [--json] | refmount verify SOURCE [--pin FILE] [--json]\n\n"
         "Generic mount options (ro, nodev, nosuid, _netdev, noauto, x-systemd.*, ...) are "
         "accepted and ignored.\nUnmount with: fusermount3 -u MOUNTPOINT",
     )
@@ -98,7 +98,7 @@ def config_from_args(args: argparse.Namespace,
     return cfg
 
 
-SUBCOMMANDS = ("expand", "inspect", "stats")
+SUBCOMMANDS = ("expand", "inspect", "stats", "verify")
 
 
 def _foreground_flags(cfg: MountConfig, args: argparse.Namespace) -> None:
@@ -167,6 +167,7 @@ def _run_serve(argv: list[str]) -> int:
     _stderr_warnings()
 
     def checks() -> None:
+        check_pins(cfg)
         if cfg.disk_cache:
             check_cache_dir(cfg.cache_dir)  # before anything is written there
 
@@ -175,6 +176,62 @@ def _run_serve(argv: list[str]) -> int:
             serving.serve(cfg, index_file, on_ready=lambda url: print(url, os.getpid(), flush=True))))
     return _serve_detached(cfg, checks, lambda: DaemonLauncher(cfg.listen, module="refmount.httpdaemon"),
                            on_ready=lambda what: print(what, flush=True))
+
+
+VERIFY_JOBS = 32  # targets asked at once by refmount verify, by default
+
+
+def _verify_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="refmount verify",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Check every distinct target of a reference set once: missing, forbidden, "
+        "shorter than the furthest byte a reference reads, or (with -o pins=FILE) not the pinned "
+        "version. Prints the targets with a problem and a summary line. Exit status: 0 all "
+        "targets ok, 1 some are not, 2 the set could not be verified (bad option or set).",
+        epilog=f"options (-o), a mount's (the target policy, remote_options, timeout, retries "
+        f"and max_connections apply as at a mount):\n{options_help()}",
+    )
+    p.add_argument("source", metavar="SOURCE", help="reference set: local path or fsspec URL")
+    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
+                   help="options, see below")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (every target with its status) instead of a table")
+    p.add_argument("--pin", metavar="FILE",
+                   help="write each sound target's size and ETag / modification time to FILE "
+                   "(JSON, replaced atomically), for mounting with -o pins=FILE")
+    p.add_argument("-j", "--jobs", type=int, default=VERIFY_JOBS, metavar="N",
+                   help=f"targets asked at once (default {VERIFY_JOBS})")
+    return p
+
+
+def _run_verify(argv: list[str]) -> int:
+    """``refmount verify``: exit 0 when every target is ok, 1 when one is not, 2 when the
+    set could not be verified (its one ``refmount: error:`` line says why)."""
+    from . import verify
+    from .pins import write_pins
+
+    args = _verify_parser().parse_args(argv)
+    try:
+        if not 1 <= args.jobs <= 10_000:
+            raise ConfigError(f"--jobs must be from 1 to 10000, got {args.jobs}")
+        source = args.source
+        if is_local(source):
+            source = os.path.abspath(local_path(source))
+        cfg = MountConfig(source=source, mountpoint="")
+        apply_options(cfg, [o for group in args.options for o in split_options(group)])
+        reports = verify.verify_set(cfg, jobs=args.jobs)
+        if args.pin:
+            n = write_pins(args.pin, verify.pinnable(reports), cfg.source)
+            print(f"refmount: pinned {n:,} targets in {args.pin}", file=sys.stderr)
+    except (ConfigError, ReferenceSetError, TargetRefused, MountError) as e:
+        _fail(str(e))
+        return 2
+    except OSError as e:  # the pin file cannot be written
+        _fail(f"{args.pin}: {e.strerror or e}")
+        return 2
+    print(verify.report_json(reports, cfg.source) if args.json else verify.format_report(reports))
+    return verify.exit_status(reports)
 
 
 def _tool_parser(command: str) -> argparse.ArgumentParser:
@@ -238,6 +295,11 @@ def main(argv: list[str] | None = None, credentials_warning: str | None = None) 
     try:
         if argv and argv[0] == "serve":
             return _run_serve(argv[1:])
+        if argv and argv[0] == "verify":
+            _stderr_warnings()
+            if credentials_warning:
+                print(credentials_warning, file=sys.stderr)
+            return _run_verify(argv[1:])
         if argv and argv[0] in SUBCOMMANDS:
             _stderr_warnings()
             if credentials_warning:
@@ -279,6 +341,7 @@ def _run(args: argparse.Namespace, credentials_warning: str | None = None) -> in
         if cfg.recover:
             recover_stale_mount(cfg.mountpoint)
         check_mountpoint(cfg.mountpoint, cfg.nonempty)
+        check_pins(cfg)
         if cfg.disk_cache:
             check_cache_dir(cfg.cache_dir)  # before anything is written there
 
@@ -352,6 +415,17 @@ def _serve_detached(cfg: MountConfig, checks: Callable[[], None],
     return launcher.hand_over(cfg, index_file, on_ready)
 
 
+def check_pins(cfg: MountConfig) -> None:
+    """With ``-o pins``: the pin file can be read and parsed (a MountError otherwise)."""
+    if cfg.pins:
+        from .pins import read_pins
+
+        try:
+            read_pins(cfg.pins)
+        except ConfigError as e:
+            raise MountError(str(e)) from None
+
+
 def index_source(cfg: MountConfig) -> IndexFile:
     """Parse or validate SOURCE in its format (refs.prepare_index) under the mount's limits,
     with a progress line on a terminal when it takes a while."""
@@ -362,8 +436,21 @@ def index_source(cfg: MountConfig) -> IndexFile:
 
 
 def check_index_targets(cfg: MountConfig, index_file: IndexFile) -> None:
-    """Refuse the set if a target known before mounting may not be read (TargetRefused)."""
-    check_targets(cfg, format_named(index_file.kind).targets(index_file))
+    """Refuse the set if a target known before mounting may not be read (TargetRefused), or,
+    with ``-o pins``, is not pinned."""
+    targets = format_named(index_file.kind).targets(index_file)
+    if cfg.pins:
+        from .pins import read_pins
+
+        pins = read_pins(cfg.pins)
+        targets = list(targets)
+        unpinned = [(url, key_of) for url, key_of in targets if url not in pins]
+        if unpinned:
+            url, key_of = unpinned[0]
+            raise TargetRefused(f"key {key_of()!r}: {redact_url(url)}: not pinned in {cfg.pins} "
+                                f"({len(unpinned):,} of the set's {len(targets):,} targets are "
+                                "not); pin them with 'refmount verify SOURCE --pin FILE'")
+    check_targets(cfg, targets)
 
 
 def advise_on_decoding(cfg: MountConfig, index_file: IndexFile) -> None:

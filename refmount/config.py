@@ -487,6 +487,10 @@ OPTIONS: tuple[Option, ...] = (
            shown_default="all for a private mount; for a shared one (allow_other, "
            "allow_root) the directory of a local SOURCE (a Parquet directory itself), none for "
            "a remote SOURCE"),
+    Option("pins", Directory(metavar="FILE", pytype="str | None"), None,
+           "serve only the versions of the targets that FILE pins (written by refmount verify "
+           "SOURCE --pin FILE): a target whose size, ETag or modification time differs, or that "
+           "FILE does not pin, gives EIO (HTTP: 502)", shown_default="none"),
     Option("recover", Flag(), False,
            "if MOUNTPOINT is a stale mount left by a killed daemon, clear it first"),
     Option("nonempty", Flag(), False,

@@ -36,6 +36,7 @@ from .codecworker import CodecWorkers
 from .config import MountConfig
 from .decoded import ChunkDecoder, DecodedArray, DecodedTree, DecodedView
 from .fetch import Fetcher
+from .pins import Pins
 from .policy import target_policy
 from .reader import RefReader
 from .redact import redact_url
@@ -158,6 +159,7 @@ class SetCore:
 def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
     """The core of one set from its configuration and prepared index, not yet running."""
     stats = Stats()
+    pins = Pins.load(cfg.pins, stats) if cfg.pins else None
     fetcher = Fetcher(
         cfg.remote_options,
         target_policy(cfg),
@@ -167,6 +169,7 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
         stats=stats,
         merge_gap=cfg.merge_gap,
         merge_limit=cfg.block_size,
+        pins=pins,
     )
     disk = writer = None
     if cfg.disk_cache:
@@ -177,7 +180,12 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
         options = hashlib.sha256(json.dumps([cfg.remote_options, environment_identity()],
                                             sort_keys=True, default=str).encode())
         tag, identity = options.hexdigest()[:16], fetcher.policy.cache_identity
-        disk = DiskCache(cfg.cache_dir, cfg.cache_size, target_key=lambda url: f"{tag}\0{identity(url)}")
+        if pins is None:
+            disk = DiskCache(cfg.cache_dir, cfg.cache_size,
+                             target_key=lambda url: f"{tag}\0{identity(url)}")
+        else:  # a pinned target's blocks are those of its pinned version, cached by such mounts
+            disk = DiskCache(cfg.cache_dir, cfg.cache_size,
+                             target_key=lambda url: f"{tag}\0{identity(url)}\0pin:{pins.token(url)}")
         writer = CacheWriter(disk, stats)
     reader = RefReader(
         fetcher,

@@ -35,6 +35,7 @@ from . import localfile
 from .errors import FetchError
 from .inflight import LinkEstimates
 from .lru import LRU
+from .pins import Pins, Version, VersionChanged
 from .policy import TargetPolicy
 from .redact import redact_url
 from .singleflight import Flight
@@ -92,28 +93,47 @@ def describe(exc: BaseException) -> str:
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
 
-async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False) -> bytes:
+def _pinned(pin: Version | None, headers: Any, size: int | None) -> None:
+    """``VersionChanged`` if the response that carries the bytes is not the pinned version."""
+    if pin is not None and (why := pin.mismatch(Version.from_headers(headers, size))) is not None:
+        raise VersionChanged(why)
+
+
+async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False,
+                     pin: Version | None = None) -> bytes:
     """GET bytes [start, end) through fsspec's HTTP session, like its ``_cat_file``, but
     checking what came back: a 206 must carry exactly the Content-Range asked for (a
     proxy or server bug that shifts the range must never be served, or cached, as data),
     and a 200 is accepted only when it is the whole object we asked for. With ``upto``,
     a range that ends early because the object does (Content-Range ``a-b/total`` with
-    ``b = total - 1``) is accepted too."""
+    ``b = total - 1``) is accepted too.
+
+    With ``pin``, the response must be that version of the target (its ETag, Last-Modified
+    and the total size in its Content-Range), checked before any of its body is read; a
+    strong pinned ETag is also sent as ``If-Match`` (a server answers 412 for another
+    version). Otherwise ``VersionChanged``."""
     kw = fs.kwargs.copy()
     headers = kw.pop("headers", {}).copy()
     headers["Range"] = f"bytes={start}-{end - 1}"
+    if pin is not None and pin.strong_etag is not None:
+        headers["If-Match"] = pin.strong_etag
     session = await fs.set_session()
     async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
         if r.status == 404:
             raise FileNotFoundError(url)
+        if r.status == 412 and pin is not None:
+            raise VersionChanged(f"the server's version does not match the pinned ETag {pin.etag} "
+                                 "(412 Precondition Failed)")
         if r.status == 416:  # starts past the end of the target: retrying cannot help
             got = re.fullmatch(r"bytes\s+\*/(\d+)", r.headers.get("Content-Range", "").strip())
+            _pinned(pin, r.headers, int(got[1]) if got else None)
             if got and (past := _past_end(url, start, end, int(got[1]), b"")) is not None:
                 raise past
             raise ValueError(f"range {start}-{end - 1} not satisfiable")
         r.raise_for_status()
         if r.status == 206:
             got = _CONTENT_RANGE.fullmatch(r.headers.get("Content-Range", "").strip())
+            _pinned(pin, r.headers, int(got[3]) if got and got[3] != "*" else None)
             at_eof = upto and got is not None and got[3] != "*" and int(got[2]) == int(got[3]) - 1
             if got and int(got[1]) == start and got[3] != "*" and int(got[2]) == int(got[3]) - 1 < end - 1 \
                     and not upto:
@@ -130,6 +150,7 @@ async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False
                 raise ShortRead(f"asked for bytes {start}-{end - 1}, server sent Content-Range "
                                 f"{r.headers.get('Content-Range')!r}")
         elif r.status == 200:
+            _pinned(pin, r.headers, r.content_length)
             if start != 0 or r.content_length not in (None, end):
                 if r.headers.get("Accept-Ranges", "").strip().lower() != "bytes":
                     raise RangesIgnored(url, start, end)  # a server without ranges: permanent
@@ -148,6 +169,41 @@ async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False
             raise ShortRead(f"unexpected HTTP status {r.status} for a range request")
         # Never more than the range: an endless body (no length, or a lying one) is cut off.
         return await read_bounded(r, int(got[2]) - start + 1 if r.status == 206 else end - start)
+
+
+async def http_version(fs: Any, url: str) -> Version:
+    """The version of an HTTP target: a ``HEAD`` (its Content-Length, ETag, Last-Modified); a
+    ``GET`` of its first byte where the HEAD tells no size (the total of its Content-Range).
+    FileNotFoundError for 404/410, PermissionError for 401/403."""
+    kw = fs.kwargs.copy()
+    headers = {**kw.pop("headers", {}), "Accept-Encoding": "identity"}
+    session = await fs.set_session()
+    for method in ("HEAD", "GET"):
+        extra = {"Range": "bytes=0-0"} if method == "GET" else {}
+        async with session.request(method, fs.encode_url(url), headers={**headers, **extra},
+                                   **kw) as r:
+            if r.status in (404, 410):
+                raise FileNotFoundError(url)
+            if r.status in (401, 403):
+                raise PermissionError(errno.EACCES, f"HTTP {r.status} {r.reason or ''}".strip())
+            if method == "GET" and r.status == 416:  # empty: bytes */0
+                got = re.fullmatch(r"bytes\s+\*/(\d+)", r.headers.get("Content-Range", "").strip())
+                if got:
+                    return Version.from_headers(r.headers, int(got[1]))
+            r.raise_for_status()
+            size: int | None = None
+            encoded = r.headers.get("Content-Encoding", "identity") not in ("identity", "")
+            if method == "HEAD" and r.content_length is not None and not encoded:
+                size = r.content_length
+            elif method == "GET":
+                got = _CONTENT_RANGE.fullmatch(r.headers.get("Content-Range", "").strip())
+                if r.status == 206 and got and got[3] != "*":
+                    size = int(got[3])
+                elif r.status == 200 and r.content_length is not None and not encoded:
+                    size = r.content_length
+            if size is not None:
+                return Version.from_headers(r.headers, size)
+    raise ValueError("the server tells no size for it (no Content-Length, no Content-Range)")
 
 
 async def read_bounded(r: Any, limit: int) -> bytes:
@@ -222,8 +278,10 @@ class Fetcher:
         stats: Stats,
         merge_gap: int = -1,
         merge_limit: int = 4 * 2**20,
+        pins: Pins | None = None,
     ) -> None:
         self.remote_options = remote_options
+        self.pins = pins  # -o pins: only the pinned version of each target is served
         self.policy = policy
         self.timeout = timeout
         self.retries = retries
@@ -322,7 +380,8 @@ class Fetcher:
                     async with limiter:
                         return await op()
                 except _PERMANENT as e:
-                    code = errno.ENOENT if isinstance(e, FileNotFoundError) else errno.EIO
+                    code = (errno.ENOENT if isinstance(e, FileNotFoundError)
+                            else errno.EACCES if isinstance(e, PermissionError) else errno.EIO)
                     raise FetchError(url, f"{what}: {describe(e)}", code) from None
                 except FetchError:
                     raise
@@ -420,16 +479,42 @@ class Fetcher:
     async def _cat_range(self, url: str, start: int, end: int, upto: bool = False) -> bytes:
         fs, path = self.resolve(url)
         want = end - start
+        pin = self.pins.check(url) if self.pins is not None else None
 
         async def op() -> bytes:
+            if pin is not None:
+                try:
+                    return await pinned_op()
+                except VersionChanged as e:
+                    assert self.pins is not None
+                    raise self.pins.refuse(url, str(e)) from None
+            return await plain_op()
+
+        async def pinned_op() -> bytes:
+            """The bytes of the pinned version only: checked on the response (HTTP), the
+            descriptor (local files) or the object version (s3 with a version id); other
+            stores are asked for the version before and after the read."""
+            assert pin is not None
+            if isinstance(fs, HTTPFileSystem | LocalFileSystem):
+                return await plain_op()
+            if pin.version_id is not None and protocol(self.policy.full_url(url)) in ("s3", "s3a"):
+                return await plain_op(version_id=pin.version_id)
+            await self._same_version(url, fs, path, pin)
+            data = await plain_op()
+            await self._same_version(url, fs, path, pin)
+            return data
+
+        async def plain_op(**version: Any) -> bytes:
             if isinstance(fs, HTTPFileSystem):
                 reason = self.policy.problem(url, resolve=False)
                 if reason:
                     raise FetchError(url, reason, errno.EACCES)
-                data = await self._run(fs, http_range(fs, path, start, end, upto))
+                data = await self._run(fs, http_range(fs, path, start, end, upto, pin))
+            elif pin is not None and isinstance(fs, LocalFileSystem):
+                data = await self._call(url, fs, "cat_file", path, start=start, end=end, expect=pin)
             else:
                 try:
-                    data = await self._call(url, fs, "cat_file", path, start=start, end=end)
+                    data = await self._call(url, fs, "cat_file", path, start=start, end=end, **version)
                 except (OSError, ValueError) as e:
                     # s3 (and others) answer a range that starts past the end with an error:
                     # past the end only if the target's size says so.
@@ -473,14 +558,44 @@ class Fetcher:
                       redact_url(url), start, end, len(data), began, trio.current_time() - began)
         return data
 
+    async def _same_version(self, url: str, fs: AbstractFileSystem, path: str, pin: Version) -> None:
+        """``VersionChanged`` unless the store reports the pinned version now."""
+        with contextlib.suppress(Exception):
+            fs.invalidate_cache(path)  # a listing cached by fsspec is no answer
+        why = pin.mismatch(Version.from_info(await self._call(url, fs, "info", path)))
+        if why is not None:
+            raise VersionChanged(why)
+
     async def size(self, url: str) -> int:
         fs, path = self.resolve(url)
+        pin = self.pins.check(url) if self.pins is not None else None
 
         async def op() -> int:
             info = await self._call(url, fs, "info", path)
             size = info.get("size")
+            if pin is not None and (why := pin.mismatch(Version.from_info(info))) is not None:
+                assert self.pins is not None
+                raise self.pins.refuse(url, why)
             if size is None:
                 raise FetchError(url, "size: the storage does not report a size")
             return int(size)
 
         return await self._with_retries(url, "size", op)
+
+    async def version(self, url: str) -> Version:
+        """The target's version as its store reports it (size, ETag, modification time,
+        version id), within ``timeout`` and with retries; a FetchError whose ``errno`` says
+        why not (ENOENT missing, EACCES refused by the policy or the store)."""
+        fs, path = self.resolve(url)
+
+        async def op() -> Version:
+            if isinstance(fs, HTTPFileSystem):
+                reason = self.policy.problem(url, resolve=False)
+                if reason:
+                    raise FetchError(url, reason, errno.EACCES)
+                return await self._run(fs, http_version(fs, path))  # type: ignore[no-any-return]
+            with contextlib.suppress(Exception):
+                fs.invalidate_cache(path)
+            return Version.from_info(await self._call(url, fs, "info", path))
+
+        return await self._with_retries(url, "version", op)  # type: ignore[no-any-return]

@@ -26,6 +26,8 @@ import os
 import stat
 from typing import Any
 
+from .pins import Version, VersionChanged
+
 _SYS_OPENAT2 = 437  # the same number on every architecture that has it
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
@@ -183,10 +185,22 @@ def open_checked(path: str, roots: list[str] | None) -> tuple[int, os.stat_resul
     return fd, st2
 
 
-def read_range(path: str, start: int, end: int, roots: list[str] | None) -> bytes:
-    """Bytes [start, end) of ``path``, fewer if the file ends first; never more."""
-    fd, _ = open_checked(path, roots)
+def _check_version(st: os.stat_result, expect: Version | None, when: str) -> None:
+    """``VersionChanged`` unless the descriptor's ``fstat`` shows the pinned size and mtime."""
+    if expect is not None:
+        why = expect.mismatch(Version(size=st.st_size, mtime_ns=st.st_mtime_ns))
+        if why is not None:
+            raise VersionChanged(f"{why} ({when} reading)")
+
+
+def read_range(path: str, start: int, end: int, roots: list[str] | None,
+               expect: Version | None = None) -> bytes:
+    """Bytes [start, end) of ``path``, fewer if the file ends first; never more. With
+    ``expect`` (a pin): the ``fstat`` of the descriptor read from must show its size and
+    mtime before and after the reads, else ``VersionChanged`` and no bytes."""
+    fd, st = open_checked(path, roots)
     try:
+        _check_version(st, expect, "before")
         parts = []
         pos, want = start, max(end - start, 0)
         while want > 0:
@@ -196,9 +210,18 @@ def read_range(path: str, start: int, end: int, roots: list[str] | None) -> byte
             parts.append(piece)
             pos += len(piece)
             want -= len(piece)
+        if expect is not None:
+            _check_version(os.fstat(fd), expect, "after")
         return parts[0] if len(parts) == 1 else b"".join(parts)
     finally:
         os.close(fd)
+
+
+def version(path: str, roots: list[str] | None) -> Version:
+    """The file's size and modification time (ns), from the descriptor it would be read from."""
+    fd, st = open_checked(path, roots)
+    os.close(fd)
+    return Version(size=st.st_size, mtime_ns=st.st_mtime_ns)
 
 
 def size(path: str, roots: list[str] | None) -> int:
@@ -216,7 +239,8 @@ def call(method: str, roots: list[str] | None, path: str, *args: Any, **kw: Any)
             n = size(path, roots)
             end = n if end is None else (n + end if end < 0 else end)
             start = n + start if start < 0 else start
-        return read_range(path, start, end, roots)
+        return read_range(path, start, end, roots, kw.get("expect"))
     if method == "info":
-        return {"name": path, "size": size(path, roots), "type": "file"}
+        v = version(path, roots)
+        return {"name": path, "size": v.size, "type": "file", "mtime_ns": v.mtime_ns}
     raise NotImplementedError(f"local {method}")

@@ -43,9 +43,10 @@ class Progress:
     """``with Progress("reading refs.json", keys=True) as p: ... p.count += 1``."""
 
     def __init__(self, label: str, keys: bool = True, stream: TextIO | None = None,
-                 force: bool = False) -> None:
+                 force: bool = False, unit: str = "keys") -> None:
         self.label = label
         self.keys = keys
+        self.unit = unit  # what ``count`` counts
         self.count = 0
         self.stream = stream or sys.stderr
         self._stop = threading.Event()
@@ -65,7 +66,7 @@ class Progress:
             read = now - self._read0
             parts.append(f"{human_bytes(read)} read ({human_bytes(read / max(took, 1e-9))}/s)")
         if self.keys:
-            parts.append(f"{self.count:,} keys")
+            parts.append(f"{self.count:,} {self.unit}")
         return f"{self.label}: {', '.join(parts)}"
 
     def _run(self) -> None:

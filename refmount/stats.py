@@ -32,6 +32,8 @@ class Stats:
     decoded: int = 0  # chunks decoded (-o decode), ahead of readers included
     decoded_ahead: int = 0  # chunks decoded ahead of a reader going through an array in order
     open_files: int = 0
+    pin_refusals: int = 0  # fetches refused: the target is not its pinned version (-o pins)
+    pinned_targets_changed: int = 0  # distinct targets found so
     # the last read that failed: {"time", "key", "target", "reason"} (target redacted)
     last_error: dict[str, Any] | None = None
 

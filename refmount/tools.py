@@ -241,6 +241,8 @@ def format_stats(stats: dict[str, Any]) -> str:
         ("memory_hits", "memory cache hits"), ("disk_hits", "disk cache hits"),
         ("misses", "cache misses"), ("cache_writes_dropped", "blocks not written to disk"),
         ("retries", "retries"), ("errors", "errors"),
+        ("pin_refusals", "reads refused by pins"),
+        ("pinned_targets_changed", "pinned targets changed"),
         ("open_files", "open files"),
         ("http_requests", "HTTP requests"), ("http_bytes_sent", "HTTP bytes sent"),
         ("http_status", "HTTP responses by status"), ("http_aborted", "HTTP responses cut off"),
