@@ -230,6 +230,7 @@ def set_extents(cfg: MountConfig) -> dict[str, int]:
 def verify_set(cfg: MountConfig, *, jobs: int) -> list[TargetReport]:
     """Verify every target of ``cfg.source`` with the fetcher and policy a mount of it with
     ``cfg`` would have; with ``cfg.pins``, also against those pins."""
+    from . import guestloop
     from .fetch import Fetcher
     from .pins import read_pins
     from .policy import target_policy
@@ -240,6 +241,14 @@ def verify_set(cfg: MountConfig, *, jobs: int) -> list[TargetReport]:
         extents = set_extents(cfg)
     fetcher = Fetcher(cfg.remote_options, target_policy(cfg), timeout=cfg.timeout,
                       retries=cfg.retries, max_connections=cfg.max_connections, stats=Stats())
+    reports: list[TargetReport] = []
+
+    async def main(progress: Progress) -> None:
+        reports.extend(await check_targets(fetcher, extents, jobs=jobs, pins=pins,
+                                           progress=progress))
+
+    # As in the daemon: trio a guest of the asyncio loop fsspec's async file systems run on,
+    # one thread (no hop to fsspec's own loop thread per request).
     with Progress(f"verifying {len(extents):,} targets", unit="targets") as progress:
-        return trio.run(lambda: check_targets(fetcher, extents, jobs=jobs, pins=pins,
-                                              progress=progress))
+        guestloop.run(main, progress, on_loop=fetcher.bind_loop, before_close=fetcher.aclose)
+    return reports
