@@ -8,7 +8,8 @@
   (same size, other bytes). Blocks cached before (on disk) may still be served; every other
   read gives EIO; no read ever gives a byte of the new version — not even one an unpinned
   mount cached meanwhile; the log names each target once;
-* ``refmount serve -o pins=FILE``: 502 for a changed target's key.
+* ``refmount serve -o pins=FILE``: 502 for a changed target's key;
+* S3: an unversioned object rewritten gives EIO, a versioned one is read at its pinned version.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from support.faultserver import Fault
 from support.mounts import run_cli
 from support.paths import read_or_errno
 from support.probes import log_lines, stats
+from support.servers import moto_s3
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
@@ -124,7 +126,7 @@ def pinned_set(nginx, nginx_root, tmp_path):
         shutil.rmtree(served, ignore_errors=True)
 
 
-def test_a_pinned_mount_never_serves_a_changed_targets_bytes(mount, pinned_set) -> None:
+def test_a_pinned_mount_never_serves_a_changed_targets_bytes(mount, serve, pinned_set) -> None:
     source, pins, old, files = pinned_set
     opts = (f"pins={pins}", "max_readahead=0")  # only the blocks read are cached
     m = mount(source, *opts)
@@ -160,9 +162,19 @@ def test_a_pinned_mount_never_serves_a_changed_targets_bytes(mount, pinned_set) 
     s = stats(m)
     assert s["pinned_targets_changed"] == 2 and s["pin_refusals"] >= len(failed) + 6
 
+    # refmount serve shares the core: 502 for a changed target's key, logged once.
+    served = serve(source, f"pins={pins}")
+    for _ in range(2):
+        assert served.request("GET", "/h/3").status == 502
+        assert served.request("GET", "/l/3").status == 502
+    assert served.log_text().count("remote.bin is not its pinned version") == 1
+    assert served.stats()["pin_refusals"] >= 4
 
-def test_a_mount_with_a_malformed_pin_file_is_refused(mount_fails, pinned_set, tmp_path) -> None:
-    source, _, _, _ = pinned_set
+
+def test_a_mount_with_a_malformed_pin_file_is_refused(mount_fails, tmp_path) -> None:
+    (tmp_path / "t.bin").write_bytes(b"t" * 10)
+    source = tmp_path / "refs.json"
+    source.write_text(json.dumps({"k/0": ["t.bin", 0, 10]}))
     bad = tmp_path / "bad-pins.json"
     bad.write_text('{"format": "refmount-pins-1", "targets": {"x": {"size": "big"}}}')
     mount_fails(source, f"pins={bad}", must_mention=("pins", str(bad)))
@@ -171,12 +183,36 @@ def test_a_mount_with_a_malformed_pin_file_is_refused(mount_fails, pinned_set, t
     mount_fails(source, f"pins={partial}", must_mention=("not pinned",))
 
 
-def test_serve_answers_502_for_a_changed_target(serve, pinned_set) -> None:
-    source, pins, old, files = pinned_set
-    _rewrite(files[0], later_by=5)
-    s = serve(source, f"pins={pins}")
-    assert s.request("GET", "/l/3").body == old["l/3"]
-    for _ in range(2):
-        assert s.request("GET", "/h/3").status == 502
-    assert s.log_text().count("remote.bin is not its pinned version") == 1
-    assert s.stats()["pin_refusals"] >= 2
+def test_s3_pins_read_a_versioned_object_by_its_version_and_refuse_others(mount, tmp_path) -> None:
+    """Unversioned bucket: the object rewritten gives EIO (its ETag, asked before and after
+    the read). Versioned bucket: the pinned version is read by its id, whatever came after."""
+    import s3fs
+
+    one, two = os.urandom(4 * CHUNK), os.urandom(4 * CHUNK)
+    with moto_s3({"plain/a.bin": one}) as endpoint:
+        fs = s3fs.S3FileSystem(key="test", secret="test", skip_instance_cache=True,
+                               client_kwargs={"endpoint_url": endpoint, "region_name": "eu-west-1"})
+        fs.mkdir("kept")
+        fs.call_s3("put_bucket_versioning", Bucket="kept",
+                   VersioningConfiguration={"Status": "Enabled"})
+        fs.pipe("kept/b.bin", two)
+        refs = {".zgroup": '{"zarr_format": 2}'}
+        for name, url in (("a", "s3://plain/a.bin"), ("b", "s3://kept/b.bin")):
+            for i in range(4):
+                refs[f"{name}/{i}"] = [url, i * CHUNK, CHUNK]
+        source = tmp_path / "refs.json"
+        source.write_text(json.dumps(refs))
+        remote = json.dumps({"key": "test", "secret": "test",
+                             "client_kwargs": {"endpoint_url": endpoint, "region_name": "eu-west-1"}})
+        pins = tmp_path / "pins.json"
+        r = run_cli("verify", source, "--pin", pins, "-o", f"remote_options={remote}")
+        assert r.returncode == 0, r.stdout + r.stderr
+        pinned = json.loads(pins.read_text())["targets"]
+        assert "version_id" in pinned["s3://kept/b.bin"] and "etag" in pinned["s3://plain/a.bin"]
+        fs.pipe("plain/a.bin", bytes(255 - b for b in one))  # rewritten, the same size
+        fs.pipe("kept/b.bin", bytes(255 - b for b in two))
+        m = mount(source, f"pins={pins}", f"remote_options={remote}", "no_disk_cache")
+        for i in range(4):
+            assert read_or_errno(m / f"a/{i}") == errno.EIO
+            assert (m / f"b/{i}").read_bytes() == two[i * CHUNK:(i + 1) * CHUNK]
+        assert len(log_lines(m, "s3://plain/a.bin is not its pinned version")) == 1
