@@ -93,7 +93,7 @@ def describe(exc: BaseException) -> str:
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
 
-def _pinned(pin: Version | None, headers: Any, size: int | None) -> None:
+def check_response(pin: Version | None, headers: Any, size: int | None) -> None:
     """``VersionChanged`` if the response that carries the bytes is not the pinned version."""
     if pin is not None and (why := pin.mismatch(Version.from_headers(headers, size))) is not None:
         raise VersionChanged(why)
@@ -126,14 +126,14 @@ async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False
                                  "(412 Precondition Failed)")
         if r.status == 416:  # starts past the end of the target: retrying cannot help
             got = re.fullmatch(r"bytes\s+\*/(\d+)", r.headers.get("Content-Range", "").strip())
-            _pinned(pin, r.headers, int(got[1]) if got else None)
+            check_response(pin, r.headers, int(got[1]) if got else None)
             if got and (past := _past_end(url, start, end, int(got[1]), b"")) is not None:
                 raise past
             raise ValueError(f"range {start}-{end - 1} not satisfiable")
         r.raise_for_status()
         if r.status == 206:
             got = _CONTENT_RANGE.fullmatch(r.headers.get("Content-Range", "").strip())
-            _pinned(pin, r.headers, int(got[3]) if got and got[3] != "*" else None)
+            check_response(pin, r.headers, int(got[3]) if got and got[3] != "*" else None)
             at_eof = upto and got is not None and got[3] != "*" and int(got[2]) == int(got[3]) - 1
             if got and int(got[1]) == start and got[3] != "*" and int(got[2]) == int(got[3]) - 1 < end - 1 \
                     and not upto:
@@ -150,7 +150,7 @@ async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False
                 raise ShortRead(f"asked for bytes {start}-{end - 1}, server sent Content-Range "
                                 f"{r.headers.get('Content-Range')!r}")
         elif r.status == 200:
-            _pinned(pin, r.headers, r.content_length)
+            check_response(pin, r.headers, r.content_length)
             if start != 0 or r.content_length not in (None, end):
                 if r.headers.get("Accept-Ranges", "").strip().lower() != "bytes":
                     raise RangesIgnored(url, start, end)  # a server without ranges: permanent

@@ -12,6 +12,7 @@ import pytest
 
 from refmount.config import MountConfig, apply_options
 from refmount.errors import ConfigError
+from refmount.fetch import check_response
 from refmount.localfile import read_range
 from refmount.pins import (
     PIN_FORMAT,
@@ -162,3 +163,18 @@ def test_a_local_read_is_checked_on_its_own_descriptor(tmp_path) -> None:
     with pytest.raises(VersionChanged, match="modification time"):
         read_range(str(path), 2, 5, None, pin)
     assert read_range(str(path), 2, 5, None) == b"cde"  # without a pin: as it is now
+
+
+def test_an_http_response_is_checked_before_its_body_is_read() -> None:
+    pin = Version(size=100, etag='"abc"', last_modified="Mon, 01 Jan 2024 00:00:00 GMT")
+    same = {"ETag": '"abc"', "Last-Modified": "Mon, 01 Jan 2024 00:00:00 GMT"}
+    check_response(pin, same, 100)
+    check_response(pin, same, None)  # Content-Range "bytes 0-9/*": the ETag proves it
+    check_response(None, {}, 5)  # no pin: nothing to check
+    # a server that ignores If-Match and answers with another version
+    with pytest.raises(VersionChanged, match='ETag "abd"'):
+        check_response(pin, {**same, "ETag": '"abd"'}, 100)
+    with pytest.raises(VersionChanged, match="size 101"):
+        check_response(pin, same, 101)
+    with pytest.raises(VersionChanged, match="no ETag"):
+        check_response(pin, {"Last-Modified": same["Last-Modified"]}, 100)
