@@ -33,6 +33,9 @@ def test_line_shows_time_bytes_and_keys():
     assert line.startswith("indexing x: ") and "MB read" in line and "1,234 keys" in line, line
     assert "keys" not in Progress("indexing x", keys=False, stream=io.StringIO()).line()
     assert human_bytes(999) == "999 B" and human_bytes(1_500_000) == "1.5 MB"
+    targets = Progress("verifying", stream=io.StringIO(), unit="targets")
+    targets.count = 7
+    assert targets.line().endswith("7 targets")
 
 
 def test_written_only_after_the_delay_and_cleared(monkeypatch):
