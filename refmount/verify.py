@@ -183,26 +183,27 @@ class VersionSource(Protocol):
 async def check_targets(fetcher: VersionSource, extents: dict[str, int], *, jobs: int,
                         pins: dict[str, Version] | None = None,
                         progress: Progress | None = None) -> list[TargetReport]:
-    """Every target of ``extents`` asked for its version once, at most ``jobs`` at a time;
+    """Every target of ``extents`` asked for its version once, by ``jobs`` workers taking the
+    next target in turn (tasks and requests in flight: at most ``jobs``, however many targets);
     each within the fetcher's own deadline (``timeout``, retries included)."""
-    limiter = trio.CapacityLimiter(jobs)
     reports: list[TargetReport] = []
+    todo = iter(extents.items())
 
-    async def one(url: str, needed: int) -> None:
-        async with limiter:
+    async def worker() -> None:
+        for url, needed in todo:  # one trio thread: each target is taken by one worker
             found: Version | BaseException
             try:
                 found = await fetcher.version(url)
             except Exception as e:
                 found = e
-        reports.append(judge(url, needed, found, None if pins is None else pins.get(url),
-                             pinned=pins is not None))
-        if progress is not None:
-            progress.count += 1
+            reports.append(judge(url, needed, found, None if pins is None else pins.get(url),
+                                 pinned=pins is not None))
+            if progress is not None:
+                progress.count += 1
 
     async with trio.open_nursery() as nursery:
-        for url, needed in extents.items():
-            nursery.start_soon(one, url, needed)
+        for _ in range(min(jobs, len(extents))):
+            nursery.start_soon(worker)
     return reports
 
 
