@@ -178,3 +178,40 @@ def test_an_http_response_is_checked_before_its_body_is_read() -> None:
         check_response(pin, same, 101)
     with pytest.raises(VersionChanged, match="no ETag"):
         check_response(pin, {"Last-Modified": same["Last-Modified"]}, 100)
+
+
+def test_a_pinned_fetcher_refuses_a_rewritten_local_target_and_asks_it_no_more(tmp_path) -> None:
+    import trio
+
+    from refmount.fetch import Fetcher
+    from refmount.policy import TargetPolicy
+
+    path = tmp_path / "t.bin"
+    path.write_bytes(b"0123456789" * 100)
+    url = str(path)
+    stats = Stats()
+    fetcher = Fetcher({}, TargetPolicy(["/"], None, None), timeout=5, retries=2,
+                      max_connections=4, stats=stats)
+
+    async def pin_now() -> Pins:
+        return Pins({url: await fetcher.version(url)}, "pins.json", stats)
+
+    pins = trio.run(pin_now)
+    assert pins.pin(url) == Version(size=1000, mtime_ns=path.stat().st_mtime_ns)
+    fetcher.pins = pins
+
+    async def reads() -> list[bytes | str]:
+        out: list[bytes | str] = [await fetcher.cat_range(url, 10, 20), await fetcher.size(url)]
+        path.write_bytes(b"abcdefghij" * 100)  # the same size, other bytes
+        for _ in range(3):
+            try:
+                out.append(await fetcher.cat_range(url, 10, 20))
+            except PinMismatch as e:
+                out.append(str(e))
+        return out
+
+    got = trio.run(reads)
+    assert got[:2] == [b"0123456789", 1000]
+    assert all(isinstance(g, str) and "not the pinned version" in g for g in got[2:]), got
+    assert stats.pin_refusals == 3 and stats.pinned_targets_changed == 1
+    assert stats.retries == 0  # a changed version is not retried
