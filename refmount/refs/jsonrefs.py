@@ -21,6 +21,7 @@ import ijson
 import zstandard
 
 from ..process import private_dir
+from ..tree import KeyTree
 from .format import Format, IndexFile, OpenedTree, Options
 from .index import (
     INDEX_FORMAT,
@@ -280,8 +281,6 @@ class JsonFormat(Format):
     def open_tree(self, index: IndexFile, source: str, target_options: Options, *,
                   bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS,
                   relative: Callable[[str], bool] | None = None) -> OpenedTree:
-        from ..tree import KeyTree  # the tree layer sits above this package
-
         keys = KeyIndex.open(index.path)
         mtime_ns = os.stat(index.path).st_mtime_ns
         if index.temporary:
