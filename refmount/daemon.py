@@ -25,7 +25,7 @@ from .cache import DiskCache
 from .cachewriter import CacheWriter
 from .config import MountConfig, describe_options
 from .core import SetCore, build_core
-from .decoded import ChunkDecoder
+from .decoder import ChunkDecoder
 from .errors import MountError
 from .fetch import Fetcher
 from .fs import RefFS

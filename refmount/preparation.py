@@ -41,7 +41,7 @@ def advise_on_decoding(cfg: MountConfig, index_file: IndexFile) -> None:
     the arrays served as referenced; without it, one note when some arrays are compressed or
     big-endian, which clients without zarr's codecs (ncdump, CDO, NCO, GDAL) would read as
     plausible wrong numbers."""
-    from .decoded import DecodedView
+    from .decodedview import DecodedView
 
     metadata = format_named(index_file.kind).metadata(index_file, cfg.source, cfg.target_options,
                                                       bad_keys=cfg.bad_keys)
