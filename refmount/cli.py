@@ -29,7 +29,7 @@ from .cmdline import ENV_OPTIONS, ENV_SOURCE, hide_credentials, take_configurati
 from .config import MountConfig, apply_options, did_you_mean, options_help, split_options
 from .errors import ConfigError, MountError
 from .indexer import Indexer, IndexerError
-from .logsetup import stderr_warnings
+from .logsetup import setup_logging, stderr_warnings
 from .mountpoint import check_mountpoint, recover_stale_mount
 from .policy import TargetRefused
 from .preparation import advise_on_decoding, check_index_targets, index_source, remove_temporary
@@ -308,7 +308,6 @@ def _serve_in_foreground(cfg: MountConfig, checks: Callable[[], None], module: s
     indexer = Indexer(cfg)
     try:
         serving = importlib.import_module(module)  # imported while the child parses
-        from .daemon import setup_logging
     except BaseException:
         indexer.kill()
         raise

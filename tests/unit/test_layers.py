@@ -4,6 +4,8 @@ ends reach reference sets through ``refmount.refs`` and the tree only."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -37,6 +39,16 @@ def test_the_mount_front_end_does_not_fetch(graph: dict[str, set[str]]) -> None:
     """``fs.py`` reads through the reader and the decoder; fetching is theirs."""
     assert "refmount.fetch" not in graph["refmount.fs"]
 
+
+
+def test_the_http_server_process_does_not_load_fuse() -> None:
+    """``httpdaemon.py`` shares the serving process's parts (``readiness.py``, ``logsetup.py``)
+    with the mount's daemon, not the daemon itself: pyfuse3 stays out of the HTTP server."""
+    code = ("import sys, refmount.httpdaemon; "
+            "loaded = sorted({'pyfuse3', 'refmount.daemon', 'refmount.fs'} & set(sys.modules)); "
+            "sys.exit(f'loaded: {loaded}' if loaded else None)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
 
 # ---- the check itself, on packages made here ----------------------------------------------------
 
