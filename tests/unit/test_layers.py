@@ -61,37 +61,22 @@ def _package(root: Path, files: dict[str, str]) -> Path:
     return root / "pkg"
 
 
-def test_a_lazy_import_closing_a_circle_is_found(tmp_path: Path) -> None:
-    pkg = _package(tmp_path, {
-        "__init__.py": "",
-        "a.py": "from .b import B\nA = 1\n",
-        "b.py": "B = 2\ndef later():\n    from .a import A\n    return A\n",
-        "c.py": "from . import a, b\n",
-    })
-    assert cycles(import_graph(pkg)) == [["pkg.a", "pkg.b", "pkg.a"]]
+# Importing ``sub.index`` runs ``sub/__init__``, which imports ``sub.fmt``, which imports ``tree``.
+_SUB = {"sub/__init__.py": "from .fmt import Fmt\n", "sub/index.py": "class Index: ...\n",
+        "sub/fmt.py": "from ..tree import Tree\n"}
 
 
-def test_a_circle_through_a_package_init_is_found(tmp_path: Path) -> None:
-    # tree -> sub (importing sub.index runs sub/__init__) -> sub.fmt -> tree
-    pkg = _package(tmp_path, {
-        "__init__.py": "",
-        "tree.py": "from .sub.index import Index\n",
-        "sub/__init__.py": "from .fmt import Fmt\n",
-        "sub/index.py": "class Index: ...\n",
-        "sub/fmt.py": "from ..tree import Tree\n",
-    })
-    assert cycles(import_graph(pkg)) == [["pkg.sub", "pkg.sub.fmt", "pkg.tree", "pkg.sub"]]
-
-
-def test_imports_for_type_checking_run_no_package_init(tmp_path: Path) -> None:
-    pkg = _package(tmp_path, {
-        "__init__.py": "",
-        "tree.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                   "    from .sub.index import Index\n",
-        "sub/__init__.py": "from .fmt import Fmt\n",
-        "sub/index.py": "class Index: ...\n",
-        "sub/fmt.py": "from ..tree import Tree\n",
-    })
-    graph = import_graph(pkg)
-    assert graph["pkg.tree"] == {"pkg.sub.index"}
-    assert cycles(graph) == []
+@pytest.mark.parametrize(("files", "found"), [
+    pytest.param({"a.py": "from .b import B\nA = 1\n",
+                  "b.py": "B = 2\ndef later():\n    from .a import A\n    return A\n",
+                  "c.py": "from . import a, b\n"},
+                 [["pkg.a", "pkg.b", "pkg.a"]], id="lazy-import"),
+    pytest.param({"tree.py": "from .sub.index import Index\n", **_SUB},
+                 [["pkg.sub", "pkg.sub.fmt", "pkg.tree", "pkg.sub"]], id="through-package-init"),
+    pytest.param({"tree.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                             "    from .sub.index import Index\n", **_SUB},
+                 [], id="type-checking-runs-no-package-init"),
+])
+def test_the_check_finds_circles(tmp_path: Path, files: dict[str, str], found: list[list[str]]) -> None:
+    pkg = _package(tmp_path, {"__init__.py": "", **files})
+    assert cycles(import_graph(pkg)) == found
