@@ -28,13 +28,14 @@ from .cachedir import check_cache_dir
 from .cmdline import ENV_OPTIONS, ENV_SOURCE, hide_credentials, take_configuration
 from .config import MountConfig, apply_options, did_you_mean, options_help, split_options
 from .errors import ConfigError, MountError
+from .indexer import Indexer, IndexerError
+from .logsetup import setup_logging, stderr_warnings
 from .mountpoint import check_mountpoint, recover_stale_mount
-from .policy import TargetRefused, check_targets
+from .policy import TargetRefused
+from .preparation import advise_on_decoding, check_index_targets, index_source, remove_temporary
 from .process import ignore_user_signals
-from .progress import Progress
-from .redact import RedactingFormatter, redact_url
-from .refs import IndexFile, ReferenceSetError, format_named, prepare_index
-from .refs.limits import Limits
+from .redact import redact_url
+from .refs import IndexFile, ReferenceSetError
 from .spawn import child_env, module_command
 from .urls import is_local, local_path
 
@@ -164,7 +165,7 @@ def _run_serve(argv: list[str]) -> int:
         cfg = serve_config(args)
     except ConfigError as e:
         return _fail(str(e))
-    _stderr_warnings()
+    stderr_warnings()
 
     def checks() -> None:
         if cfg.disk_cache:
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None, credentials_warning: str | None = None) 
         if argv and argv[0] == "serve":
             return _run_serve(argv[1:])
         if argv and argv[0] in SUBCOMMANDS:
-            _stderr_warnings()
+            stderr_warnings()
             if credentials_warning:
                 print(credentials_warning, file=sys.stderr)
             return _run_tool(argv[0], argv[1:])
@@ -273,7 +274,7 @@ def _run(args: argparse.Namespace, credentials_warning: str | None = None) -> in
     except ConfigError as e:
         return _fail(str(e))
     # Until the daemon takes over, warnings (e.g. skipped keys) go to stderr.
-    _stderr_warnings()
+    stderr_warnings()
 
     def checks() -> None:
         if cfg.recover:
@@ -300,8 +301,6 @@ def _serve_in_foreground(cfg: MountConfig, checks: Callable[[], None], module: s
     """``-f``: this process serves (``run(module, index_file, log_target)``, ``module`` the
     serving process's: ``refmount.daemon`` or ``refmount.httpdaemon``) from an index that a
     child process parsed (see indexer.py), so that it never holds the parser's heap."""
-    from .indexer import Indexer, IndexerError
-
     try:
         checks()
     except MountError as e:
@@ -309,7 +308,6 @@ def _serve_in_foreground(cfg: MountConfig, checks: Callable[[], None], module: s
     indexer = Indexer(cfg)
     try:
         serving = importlib.import_module(module)  # imported while the child parses
-        from .daemon import setup_logging
     except BaseException:
         indexer.kill()
         raise
@@ -323,7 +321,7 @@ def _serve_in_foreground(cfg: MountConfig, checks: Callable[[], None], module: s
     except MountError as e:
         return _fail(str(e))
     finally:
-        _remove_temporary(index_file)  # serve() removes it once mapped; not if it failed before
+        remove_temporary(index_file)  # serve() removes it once mapped; not if it failed before
 
 
 def _serve_detached(cfg: MountConfig, checks: Callable[[], None],
@@ -343,64 +341,13 @@ def _serve_detached(cfg: MountConfig, checks: Callable[[], None],
         if launcher is not None:
             launcher.abort()
         if index_file is not None:
-            _remove_temporary(index_file)  # it holds every target URL of the refused set
+            remove_temporary(index_file)  # it holds every target URL of the refused set
         if isinstance(e, ReferenceSetError | MountError | TargetRefused):
             return _fail(str(e))
         if isinstance(e, MemoryError):
             return _fail(f"{cfg.source}: out of memory while indexing the reference set")
         raise
     return launcher.hand_over(cfg, index_file, on_ready)
-
-
-def index_source(cfg: MountConfig) -> IndexFile:
-    """Parse or validate SOURCE in its format (refs.prepare_index) under the mount's limits,
-    with a progress line on a terminal when it takes a while."""
-    with Progress(f"indexing {redact_url(cfg.source)}", keys=False):
-        return prepare_index(cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
-                             limits=Limits.from_config(cfg),
-                             cache_dir=cfg.cache_dir if cfg.disk_cache else None)
-
-
-def check_index_targets(cfg: MountConfig, index_file: IndexFile) -> None:
-    """Refuse the set if a target known before mounting may not be read (TargetRefused)."""
-    check_targets(cfg, format_named(index_file.kind).targets(index_file))
-
-
-def advise_on_decoding(cfg: MountConfig, index_file: IndexFile) -> None:
-    """On stderr before the daemon takes over (its warnings go to its log): with ``-o decode``,
-    the arrays served as referenced; without it, one note when some arrays are compressed or
-    big-endian, which clients without zarr's codecs (ncdump, CDO, NCO, GDAL) would read as
-    plausible wrong numbers."""
-    from .decoded import DecodedView
-
-    metadata = format_named(index_file.kind).metadata(index_file, cfg.source, cfg.target_options,
-                                                      bad_keys=cfg.bad_keys)
-    view = DecodedView.from_index(metadata, cfg.max_chunk_bytes)
-    if cfg.decode:
-        view.warn()
-        return
-    if not view.arrays:
-        return
-    names = sorted(path or "/" for path in view.arrays)
-    codecs = sorted({c for path in view.arrays for c in view.codecs.get(path, [])})
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    how = f"use codecs ({', '.join(codecs)})" if codecs else "are stored big-endian"
-    print(f"refmount: note: arrays {shown} {how}: clients without zarr's codecs (ncdump, CDO, "
-          "NCO, GDAL) would read their chunks as raw bytes; mount with -o decode for them",
-          file=sys.stderr)
-
-
-def _remove_temporary(index_file: IndexFile) -> None:
-    if index_file.temporary:
-        with contextlib.suppress(OSError):
-            os.unlink(index_file.path)
-
-
-def _stderr_warnings() -> None:
-    """Until a daemon takes over, warnings (skipped keys, stale mounts) go to stderr."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(RedactingFormatter("refmount: %(levelname)s: %(message)s"))
-    logging.basicConfig(level=logging.WARNING, handlers=[handler])
 
 
 def _fail(message: str) -> int:
@@ -473,7 +420,7 @@ class DaemonLauncher:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait()
-        _remove_temporary(index_file)
+        remove_temporary(index_file)
         if message and message.startswith("ERROR "):
             return _fail(message[6:])
         self._errlog.seek(0)

@@ -32,9 +32,11 @@ import trio
 
 from .cache import Block, DiskCache, MemoryLRU
 from .cachewriter import CacheWriter
+from .codecplan import DecodedArray
 from .codecworker import CodecWorkers
 from .config import MountConfig
-from .decoded import ChunkDecoder, DecodedArray, DecodedTree, DecodedView
+from .decodedview import DecodedTree, DecodedView
+from .decoder import ChunkDecoder
 from .fetch import Fetcher
 from .policy import target_policy
 from .reader import RefReader

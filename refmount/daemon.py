@@ -2,18 +2,16 @@
 
 Started either in the foreground (``refmount -f``) or as a detached child of the CLI
 (``python -m refmount.daemon``), which receives its configuration as JSON on stdin (not
-argv, to keep secrets out of ``ps``) and reports readiness on an inherited pipe.
+argv, to keep secrets out of ``ps``) and reports readiness on an inherited pipe
+(readiness.py). The set's core is core.py's; this module adds the FUSE wiring over it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import logging.handlers
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable
 
@@ -25,7 +23,7 @@ from .cache import DiskCache
 from .cachewriter import CacheWriter
 from .config import MountConfig, describe_options
 from .core import SetCore, build_core
-from .decoded import ChunkDecoder
+from .decoder import ChunkDecoder
 from .errors import MountError
 from .fetch import Fetcher
 from .fs import RefFS
@@ -33,54 +31,12 @@ from .mountfailure import captured_stderr, explain
 from .mountpoint import check_mountpoint
 from .pagepush import PagePusher
 from .reader import RefReader
-from .redact import RedactingFormatter, redact_url
+from .readiness import run_detached, sd_notify
+from .redact import redact_url
 from .refs import IndexFile
 from .stats import Stats
 
 log = logging.getLogger("refmount")
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-def setup_logging(cfg: MountConfig, detached: bool) -> str:
-    """Configure the root logger; returns a description of where logs go."""
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    target = cfg.log or ("syslog" if detached else "stderr")
-    handler: logging.Handler
-    nofollow = 0
-    if target == "syslog" and not os.path.exists("/dev/log"):
-        try:
-            process.private_dir(os.path.join(cfg.cache_dir, "log"))
-        except process.UnsafeDirectory as e:
-            raise MountError(str(e)) from None
-        where = cfg.mountpoint or f"serve-{cfg.listen}"  # refmount serve has no mountpoint
-        name = where.strip("/").replace("/", "_").replace(":", "_") or "root"
-        target = os.path.join(cfg.cache_dir, "log", f"{name}.log")
-        nofollow = os.O_NOFOLLOW
-    if target == "stderr":
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(RedactingFormatter(LOG_FORMAT))
-    elif target == "syslog":
-        handler = logging.handlers.SysLogHandler(address="/dev/log")
-        handler.setFormatter(RedactingFormatter(f"refmount[{os.getpid()}]: %(levelname)s %(message)s"))
-    else:
-        # The log file is the mounting user's only: it names targets and keys.
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | nofollow, 0o600)
-        try:
-            process.private_file(fd)
-        finally:
-            os.close(fd)
-        handler = logging.FileHandler(target)
-        handler.setFormatter(RedactingFormatter(LOG_FORMAT))
-    root.addHandler(handler)
-    root.setLevel(cfg.log_level.upper())
-    # Third-party chatter stays at warning unless we debug.
-    for noisy in ("fsspec", "aiohttp", "botocore", "s3fs", "asyncio"):
-        logging.getLogger(noisy).setLevel(logging.DEBUG if cfg.debug else logging.WARNING)
-    return target
-
 
 def fuse_options(cfg: MountConfig) -> set[str]:
     fsname = redact_url(cfg.fsname or cfg.source)
@@ -94,21 +50,6 @@ def fuse_options(cfg: MountConfig) -> set[str]:
     if cfg.debug:
         opts.add("debug")
     return opts
-
-
-def sd_notify(message: str) -> None:
-    """systemd's notify protocol: one datagram to $NOTIFY_SOCKET (no-op without it)."""
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.connect(addr)
-            s.sendall(message.encode())
-    except OSError as e:
-        log.warning("cannot notify systemd at %s: %s", addr, e.strerror)
 
 
 class Mount:
@@ -287,46 +228,6 @@ def set_kernel_readahead(dev: int, kb: int) -> None:
             f.write(str(kb))
     except OSError as e:
         log.debug("cannot set %s: %s", path, e.strerror)
-
-
-def run_detached(what: str, serve_set: Callable[[MountConfig, IndexFile, Callable[[str], None], str], int]
-                 ) -> int:
-    """The entry of a detached serving process (the mount's or the HTTP server's): its
-    configuration on stdin, its readiness on the inherited ``--ready-fd`` pipe. ``serve_set(cfg,
-    index_file, report, log_target)`` serves and calls ``report("READY …")`` once it answers;
-    a refusal is reported as ``ERROR <message>``."""
-    process.ignore_user_signals()
-    ready_fd = int(sys.argv[sys.argv.index("--ready-fd") + 1])
-    text = sys.stdin.read()
-    if not text:
-        return 0  # the CLI found a problem before handing over: nothing to do
-    payload = json.loads(text)
-    cfg = MountConfig(**payload["config"])
-    index_file = IndexFile(**payload["index"])
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1):
-        os.dup2(devnull, fd)
-    os.chdir("/")
-    ready = os.fdopen(ready_fd, "w")
-
-    def report(message: str) -> None:
-        try:
-            ready.write(message + "\n")
-            ready.close()
-        except OSError:
-            pass
-
-    try:
-        log_target = setup_logging(cfg, detached=True)
-        os.dup2(devnull, 2)  # from here on everything goes to the log
-        return serve_set(cfg, index_file, report, log_target)
-    except MountError as e:
-        report(f"ERROR {e}")
-        return 1
-    except Exception as e:
-        log.exception("%s failed", what)
-        report(f"ERROR {what} failed: {type(e).__name__}: {e}")
-        return 1
 
 
 def _detached_main() -> int:

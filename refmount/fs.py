@@ -21,7 +21,9 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from .decoded import ChunkDecoder, DecodedArray, DecodedTree
+from .codecplan import DecodedArray
+from .decodedview import DecodedTree
+from .decoder import ChunkDecoder
 from .errors import ReadError
 from .pagepush import PagePusher
 from .reader import ReadState, RefReader

@@ -26,10 +26,10 @@ import trio
 from . import guestloop, process
 from .config import MountConfig, describe_options, read_token, split_listen
 from .core import SetCore, build_core
-from .daemon import run_detached, sd_notify
 from .errors import ConfigError, MountError
 from .fetch import await_task
 from .httpserve import HttpFrontEnd
+from .readiness import run_detached, sd_notify
 from .redact import redact_url
 from .refs import IndexFile
 from .triocall import TrioCaller

@@ -40,10 +40,10 @@ from aiohttp import web, web_server
 from aiohttp.web_request import BaseRequest
 
 from . import listing
+from .codecplan import DecodedArray
 from .consolidated import METADATA_NAMES, consolidation
 from .core import SetCore
 from .cors import cors_headers, preflight_headers
-from .decoded import DecodedArray
 from .errors import FetchError, ReadError
 from .fetch import await_task
 from .httprange import RangeNotSatisfiable, content_range, if_range_matches, parse_range, unsatisfied_range

@@ -28,6 +28,9 @@ from typing import Any
 
 from .config import MountConfig
 from .errors import ConfigError, MountError
+from .logsetup import stderr_warnings
+from .policy import TargetRefused
+from .preparation import advise_on_decoding, check_index_targets, index_source, remove_temporary
 from .process import ignore_user_signals
 from .refs import IndexFile, ReferenceSetError
 from .spawn import child_env, module_command
@@ -91,29 +94,22 @@ def _die_with_parent() -> None:
 
 
 def _index(payload: dict[str, Any]) -> IndexFile:
-    from .cli import advise_on_decoding, check_index_targets, index_source
-
     cfg = MountConfig(**payload)
     index_file = index_source(cfg)
     try:
         check_index_targets(cfg, index_file)
         advise_on_decoding(cfg, index_file)
     except BaseException:
-        if index_file.temporary:
-            with contextlib.suppress(OSError):
-                os.unlink(index_file.path)
+        remove_temporary(index_file)
         raise
     return index_file
 
 
 def main() -> int:
     """The child's side: configuration on stdin, one report line on stdout."""
-    from .cli import _stderr_warnings
-    from .policy import TargetRefused
-
     _die_with_parent()
     ignore_user_signals()
-    _stderr_warnings()
+    stderr_warnings()
     report = sys.stdout
     sys.stdout = sys.stderr  # nothing but the report on the pipe
     code = 1

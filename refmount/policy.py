@@ -175,7 +175,7 @@ def target_policy(cfg: MountConfig) -> TargetPolicy:
     if is_local(cfg.source):
         # A directory SOURCE is a Parquet set: relative paths in it are relative to the
         # directory itself (record files name theirs relative to their own directory, below
-        # it: see refs/parquet.py), as they are to the directory of a ``.zmetadata`` SOURCE.
+        # it: see refs/parquetset.py), as they are to the directory of a ``.zmetadata`` SOURCE.
         real = os.path.realpath(local_path(cfg.source))
         base = real if os.path.isdir(real) else os.path.dirname(real)
     return TargetPolicy(cfg.local_roots(), base, cfg.remote_protocol)

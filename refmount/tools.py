@@ -130,7 +130,7 @@ def _decoded_sizes(arrays: dict[str, dict[str, Any]], metadata: dict[str, bytes 
                    stored: dict[str, list[int]]) -> None:
     """Per array: its codecs (decoding order), the referenced bytes of its chunks, their size
     served decoded (``-o decode``), and why it would be served as referenced instead."""
-    from .decoded import DecodedView
+    from .decodedview import DecodedView
 
     view = DecodedView(metadata)
     totals: dict[str, list[int]] = {}
