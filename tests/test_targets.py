@@ -12,12 +12,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import trio
 from support.confinement import parquet_set, write_json
-from support.faultserver import Fault
+from support.faultserver import Fault, FaultServer
 from support.mounts import CLI, cli_env, mount_entry
 from support.servers import moto_s3
 
-pytestmark = pytest.mark.fuse
+from refmount.errors import FetchError
+from refmount.fetch import Fetcher
+from refmount.policy import TargetPolicy
+from refmount.stats import Stats
+from refmount.targets import TargetRules
 
 SECRET = "SENTINEL-RULE-OPT-6b2e"
 ALPHA, BETA = os.urandom(70_000), os.urandom(90_000)
@@ -34,6 +39,7 @@ def xattrs(path: Path) -> dict[str, str]:
     return {n: os.getxattr(path, n).decode() for n in os.listxattr(path)}
 
 
+@pytest.mark.fuse
 def test_two_buckets_two_endpoints_and_no_secret_anywhere(mount, two_endpoints, tmp_path):
     """Each bucket is read with its rule's endpoint (the other endpoint has no such bucket:
     the wrong rule's options fail the read); a secret in a rule's options, given inline on
@@ -92,6 +98,7 @@ def test_two_buckets_two_endpoints_and_no_secret_anywhere(mount, two_endpoints, 
     assert "s3://alpha" in seen[-1]  # (the texts are the real ones)
 
 
+@pytest.mark.fuse
 def test_posix_paths_rewritten_to_https(mount, mount_fails, nginx, nginx_root, tmp_path):
     """NCAR style: the sets name /glade/... paths; the local copies hold other bytes and lie
     outside allow_local, so that only the rewrite to nginx can give the right bytes — for a
@@ -133,6 +140,7 @@ def test_posix_paths_rewritten_to_https(mount, mount_fails, nginx, nginx_root, t
     assert xattrs(p / "v/1")["user.refmount.resolved"] == f"{nginx.url}/gdex-data/e5.bin"
 
 
+@pytest.mark.fuse
 def test_a_mirror_that_fails_mid_read(mount, srv, nginx, nginx_root, tmp_path):
     """Mirrors [fault server, nginx] hold different bytes (to see where each block came
     from). The first blocks come from the first mirror; then it drops a response half-way
@@ -175,3 +183,69 @@ def test_a_mirror_that_fails_mid_read(mount, srv, nginx, nginx_root, tmp_path):
     assert len(switches) == 1 and f"reading from mirror {nginx.url}/mirror2" in switches[0], switches
     assert xattrs(m / "k")["user.refmount.resolved"] == (f"{srv.url}/m/big.bin\n"
                                                          f"{nginx.url}/mirror2/big.bin")
+
+
+# ---- the fetcher's mirrors against real HTTP servers (no FUSE) -------------------------------
+
+
+def mirrored(first: FaultServer, second: FaultServer, timeout: float = 4.0,
+             retries: int = 1) -> Fetcher:
+    rules = TargetRules.from_json([{"prefix": "https://pub.example/d",
+                                    "rewrite": [f"{first.url}/d", f"{second.url}/d"]}])
+    return Fetcher({}, TargetPolicy(["/"], None, None), timeout=timeout, retries=retries,
+                   max_connections=4, stats=Stats(), rules=rules)
+
+
+@pytest.fixture
+def two_servers(tmp_path):
+    one, two = FaultServer(tmp_path / "one"), FaultServer(tmp_path / "two")
+    with one, two:
+        one.put("d/t.bin", b"1" * 4096)
+        two.put("d/t.bin", b"2" * 4096)
+        yield one, two
+
+
+def test_a_stalled_mirror_costs_its_share_of_the_timeout(two_servers):
+    """The first mirror answers nothing: after timeout / 2 the block comes from the second."""
+    one, two = two_servers
+    one.add_fault("d/t.bin", "stall", times=None, seconds=20)
+    f = mirrored(one, two, timeout=4)
+
+    async def main() -> tuple[bytes, float]:
+        began = trio.current_time()
+        data = await f.cat_range("https://pub.example/d/t.bin", 0, 100)
+        return data, trio.current_time() - began
+
+    data, took = trio.run(main)
+    assert data == b"2" * 100 and 1.9 < took < 3.5, took
+
+
+@pytest.mark.parametrize("status", [404, 403])
+def test_404_and_403_are_answers_not_a_mirror_down(two_servers, status):
+    one, two = two_servers
+    one.add_fault("d/t.bin", "status", times=None, status=status)
+    f = mirrored(one, two)
+
+    async def main() -> None:
+        await f.cat_range("https://pub.example/d/t.bin", 0, 100)
+
+    with pytest.raises(FetchError) as e:
+        trio.run(main)
+    assert f"{one.url}/d/t.bin" in str(e.value)
+    assert two.count() == 0
+
+
+def test_every_mirror_down_fails_within_the_timeout(two_servers):
+    one, two = two_servers
+    for s in (one, two):
+        s.add_fault("d/t.bin", "status", times=None, status=503)
+    f = mirrored(one, two, timeout=3, retries=2)
+
+    async def main() -> float:
+        began = trio.current_time()
+        with pytest.raises(FetchError, match="after 3 attempts"):
+            await f.cat_range("https://pub.example/d/t.bin", 0, 100)
+        return trio.current_time() - began
+
+    assert trio.run(main) < 3.5
+    assert one.count() == 3 and two.count() == 3  # each round asks each mirror once
