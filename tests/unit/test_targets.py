@@ -376,3 +376,15 @@ def test_inspect_shows_each_rule_and_the_targets_no_rule_matches(tmp_path: Path)
                           '[{"prefix": 1}]'], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith(
         "refmount: error: targets: rule 1: prefix must be")
+
+
+def test_matching_costs_a_few_lookups_per_url_however_many_rules() -> None:
+    import time
+
+    many = rules(*({"prefix": f"s3://bucket-{i}/data/", "rewrite": f"https://m{i}.org/"}
+                   for i in range(10_000)))
+    urls = [f"s3://bucket-{i % 12_000}/data/y{i}/c{i}.nc" for i in range(100_000)]
+    began = time.process_time()
+    matched = sum(many.match(u) is not None for u in urls)
+    assert matched == sum(1 for i in range(100_000) if i % 12_000 < 10_000)
+    assert time.process_time() - began < 5.0  # a scan of the rules per URL takes minutes
