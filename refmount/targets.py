@@ -257,7 +257,9 @@ def load_rules(text: str, name: str = "targets") -> list[dict[str, Any]]:
 
 
 def unsupported(rules: Iterable[Rule]) -> str | None:
-    """Why these rules cannot be used by this build (None: they can)."""
+    """Why these rules cannot be used by this build (None: they can): a credential process
+    needs a provider given to the fetcher (``Fetcher(credentials=...)``, whose
+    ``_options_for`` asks it for (generation, options)), which this build does not wire."""
     for r in rules:
         if r.credentials is not None:
             return (f"targets: rule {r.number}: \"credentials\" (a credential process) is not "

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from refmount.cmdline import masked_arguments, secrets_in
 from refmount.config import ConfigError, MountConfig, apply_options, describe_options
@@ -399,3 +401,30 @@ def test_a_target_climbing_out_of_a_prefix_is_not_matched_by_it() -> None:
     assert r.match("https://pub.org/private/x/../../y.nc") is None
     assert r.match("https://pub.org/private/x/..y.nc").number == 1  # a name, not a segment
     assert r.match("https://odd.org/a/../b/c.nc").number == 3  # ".." of the rule's own prefix
+
+
+_SEGMENTS = st.lists(st.sampled_from(["a", "ab", "b", "..", "x.nc"]), min_size=0, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(prefixes=st.lists(st.tuples(_SEGMENTS, st.booleans()), min_size=1, max_size=6),
+       url=_SEGMENTS)
+def test_matching_is_the_longest_prefix_on_a_segment_boundary(prefixes, url) -> None:
+    """The lookup agrees with the definition: among the prefixes that equal the URL or end
+    where one of its segments ends (with or without the '/'), with no '..' segment after
+    them, the longest."""
+    texts = list(dict.fromkeys("s3://b/" + "/".join(p) + ("/" if slash and p else "")
+                               for p, slash in prefixes))
+    r = rules(*({"prefix": t} for t in texts))
+    target = "s3://b/" + "/".join(url)
+
+    def matches(prefix: str) -> bool:
+        if not target.startswith(prefix):
+            return False
+        if not (len(target) == len(prefix) or prefix.endswith("/") or target[len(prefix)] == "/"):
+            return False
+        return ".." not in target[len(prefix):].split("/")
+
+    want = max((t for t in texts if matches(t)), key=len, default=None)
+    got = r.match(target)
+    assert (got.prefix if got is not None else None) == want
