@@ -158,7 +158,7 @@ def test_the_option_takes_inline_json_and_a_file(tmp_path: Path) -> None:
     assert cfg2.targets == raw
     # the start line of the log names the number of rules, never their options
     shown = describe_options(cfg2)
-    assert "targets=1 rules" in shown and SECRET not in shown
+    assert "targets=1 rule," in shown + "," and SECRET not in shown
     # the configuration goes to the daemon as JSON
     assert json.loads(json.dumps(cfg2.targets)) == raw
 
