@@ -428,3 +428,13 @@ def test_matching_is_the_longest_prefix_on_a_segment_boundary(prefixes, url) -> 
     want = max((t for t in texts if matches(t)), key=len, default=None)
     got = r.match(target)
     assert (got.prefix if got is not None else None) == want
+
+
+def test_rules_without_secret_options_give_no_credentials_warning() -> None:
+    plain = json.dumps([{"prefix": "/glade/", "rewrite": ["https://a.org/", "https://b.org/"],
+                         "options": {"anon": True}}])
+    assert secrets_in(["refmount", "r.json", "/mnt", "-o", f"targets={plain}"]) == []
+    keyed = json.dumps([{"prefix": "s3://b", "options": {"profile": "p"}}])
+    assert secrets_in(["-o", f"targets={keyed}"]) == ["inline remote_options/target_options JSON"]
+    with_password = json.dumps([{"prefix": "/glade/", "rewrite": "https://u:pw@a.org/"}])
+    assert secrets_in(["-o", f"targets={with_password}"]) == ["a password, token or signature"]
