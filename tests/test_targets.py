@@ -235,3 +235,17 @@ def test_every_mirror_down_fails_within_the_timeout(two_servers):
 
     assert trio.run(main) < 3.5
     assert one.count() == 3 and two.count() == 3  # each round asks each mirror once
+
+
+def test_a_mirror_refusing_connections_is_left_at_once(two_servers):
+    one, two = two_servers
+    f = mirrored(one, two, timeout=4, retries=0)
+    one.stop()  # its port now refuses connections
+
+    async def main() -> tuple[bytes, float]:
+        began = trio.current_time()
+        data = await f.cat_range("https://pub.example/d/t.bin", 10, 20)
+        return data, trio.current_time() - began
+
+    data, took = trio.run(main)
+    assert data == b"2" * 10 and took < 1.0, took
