@@ -54,10 +54,6 @@ class Rule:
     options: Mapping[str, Any] = field(default_factory=dict)
     credentials: tuple[str, ...] | None = None  # argv of the credential process
 
-    @property
-    def local(self) -> bool:
-        return is_local(self.prefix)
-
     def describe(self) -> str:
         """How the rule is shown (xattrs, inspect, logs): number and prefix, redacted."""
         return f"{self.number} {redact_url(self.prefix)}"
