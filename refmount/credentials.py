@@ -42,19 +42,19 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
-from .errors import ReadError
+from .errors import FetchError, ReadError
 from .redact import redact_url
 from .singleflight import SingleFlight
 
-__all__ = ["Credential", "CredentialError", "CredentialProcess", "merge_options",
-           "parse_output", "run_command"]
+__all__ = ["Credential", "CredentialError", "CredentialProcess", "RuleCredentials",
+           "merge_options", "parse_output", "run_command"]
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,9 @@ class CredentialError(ReadError):
     the rule's label and why, never a credential. ``logged`` is set: the credential process's
     failure was logged once, with its details, when it happened."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, reason: str = "") -> None:
         super().__init__(redact_url(message))
+        self.reason = redact_url(reason or message)  # why, without the label
         self.logged = True
 
 
@@ -366,7 +367,7 @@ class CredentialProcess:
 
     def _error(self) -> CredentialError:
         why = self._failure or "the credential expired"
-        return CredentialError(f"credentials for {self.label} unavailable: {why}")
+        return CredentialError(f"credentials for {self.label} unavailable: {why}", why)
 
     async def refresh(self) -> Credential:
         """Run the command now (joining a run under way): the new credential, or
@@ -450,3 +451,53 @@ class CredentialProcess:
                     await changed.wait()
         finally:
             self._running = False
+
+
+class CredentialRule(Protocol):
+    """What ``RuleCredentials`` needs of a target rule (``targets.Rule``)."""
+
+    number: int
+    prefix: str
+    credentials: tuple[str, ...] | None
+
+    def describe(self) -> str: ...
+
+
+class RuleCredentials:
+    """The credential processes of a mount's target rules: one ``CredentialProcess`` per
+    rule that names one. Called with a rule, it is the fetcher's credential provider
+    (``Fetcher(credentials=...)``): the generation and options valid now, or a ``FetchError``
+    of the rule's prefix (``EIO``, already logged) when there are none. ``run()`` refreshes
+    them all in the background (``SetCore.start``)."""
+
+    def __init__(self, rules: Iterable[CredentialRule], *, timeout: float = DEFAULT_TIMEOUT,
+                 refresh_margin: float = DEFAULT_MARGIN) -> None:
+        self._processes = {
+            r.number: CredentialProcess(r.credentials, label=f"target rule {r.describe()}",
+                                        timeout=timeout, refresh_margin=refresh_margin)
+            for r in rules if r.credentials is not None}
+
+    def __bool__(self) -> bool:
+        return bool(self._processes)
+
+    async def __call__(self, rule: CredentialRule) -> tuple[int, dict[str, Any]]:
+        process = self._processes.get(rule.number)
+        if process is None:
+            raise FetchError(rule.prefix, f"target rule {rule.number} has no credential process")
+        try:
+            return await process.options()
+        except CredentialError as e:
+            error = FetchError(rule.prefix, f"no valid credentials from the credential process "
+                                            f"of target rule {rule.number}: {e.reason}")
+            error.logged = True  # the process's failure was logged once, when it happened
+            raise error from None
+
+    def describe(self) -> dict[str, dict[str, Any]]:
+        """Per rule number, what may be shown of its credential (never the options)."""
+        return {str(n): p.describe() for n, p in self._processes.items()}
+
+    async def run(self) -> None:
+        """Refresh every rule's credential before it expires, until cancelled."""
+        async with trio.open_nursery() as nursery:
+            for process in self._processes.values():
+                nursery.start_soon(process.run)

@@ -11,6 +11,7 @@ import shlex
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,12 @@ import trio.testing
 from refmount.credentials import (
     CredentialError,
     CredentialProcess,
+    RuleCredentials,
     merge_options,
     parse_output,
     run_command,
 )
-from refmount.errors import ReadError
+from refmount.errors import FetchError, ReadError
 
 SECRET = "SENTINEL-s3cr3t-7f1e"  # never in a log record or an error
 T0 = 1_800_000_000.0  # the fake wall clock's start (2027-01-15)
@@ -408,3 +410,50 @@ def test_a_real_command_refreshes_under_continuous_use_and_never_shows_its_outpu
     assert runs >= 3 and len(keys) == runs, (runs, keys)
     for r in caplog.records:
         assert SECRET not in r.getMessage() and "AKIA" not in r.getMessage()
+
+
+# ---- the fetcher's provider: one process per rule ------------------------------------------------
+
+@dataclass(frozen=True)
+class FakeRule:
+    number: int
+    prefix: str
+    credentials: tuple[str, ...] | None
+
+    def describe(self) -> str:
+        return f"{self.number} {self.prefix}"
+
+
+def test_rule_credentials_give_each_rule_its_options_or_a_logged_fetch_error(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    good = script(tmp_path, f"""
+        print(json.dumps({{"options": {{"headers": {{"Authorization": "Bearer {SECRET}"}}}},
+                          "expiry": time.time() + 3600}}))
+    """, "good.py")
+    bad = script(tmp_path, f"""
+        print("no: password={SECRET}", file=sys.stderr)
+        sys.exit(2)
+    """, "bad.py")
+    rules = [FakeRule(1, "https://a.example/", tuple(good)), FakeRule(2, "s3://b", tuple(bad)),
+             FakeRule(3, "s3://c", None)]
+    provider = RuleCredentials(rules)
+    assert provider
+
+    async def main() -> None:
+        assert await provider(rules[0]) == (1, {"headers": {"Authorization": f"Bearer {SECRET}"}})
+        for _ in range(3):
+            with pytest.raises(FetchError) as info:
+                await provider(rules[1])
+            e = info.value
+            assert e.url == "s3://b" and e.reply_errno == errno.EIO and e.logged
+            assert "no valid credentials from the credential process of target rule 2" in str(e)
+            assert "exit status 2" in str(e) and SECRET not in str(e)
+        with pytest.raises(FetchError, match="no credential process"):
+            await provider(rules[2])
+
+    trio.run(main)
+    shown = json.dumps(provider.describe())
+    assert SECRET not in shown and '"generation": 1' in shown and '"failing": true' in shown
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "target rule 2 s3://b" in errors[0]
+    assert "no: password=***" in errors[0] and SECRET not in errors[0]
