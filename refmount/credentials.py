@@ -65,6 +65,7 @@ DEFAULT_MARGIN = 300.0  # refresh this long before the expiry (at most a quarter
 DEFAULT_TIMEOUT = 30.0
 MIN_BACKOFF = 1.0
 MAX_BACKOFF = 60.0
+EXPIRY_SKEW = 30.0  # a credential is not used in the last tenth of its lifetime, at most this
 MAX_SLEEP = 60.0  # the wall clock is looked at again at least this often (suspend, clock steps)
 
 _REFMOUNT_FIELDS = {"options", "expiry"}
@@ -104,16 +105,28 @@ class Credential:
     def __repr__(self) -> str:  # the options never reach a log through a repr
         return f"Credential(expiry={self.expiry!r}, issued={self.issued!r}, options=***)"
 
+    @property
+    def usable_until(self) -> float | None:
+        """When it stops being used: shortly before its expiry (a tenth of its lifetime, at
+        most ``EXPIRY_SKEW`` s), so that no request leaves with a credential about to expire
+        (a server's clock, a request queued behind others)."""
+        if self.expiry is None:
+            return None
+        return self.expiry - min(EXPIRY_SKEW, max(self.expiry - self.issued, 0.0) / 10)
+
     def refresh_at(self, margin: float) -> float | None:
         """When to fetch the next one: ``margin`` before the expiry, but no earlier than
-        three quarters of the way through its lifetime."""
+        three quarters of the way through its lifetime (and before it stops being used)."""
         if self.expiry is None:
             return None
         lifetime = max(self.expiry - self.issued, 0.0)
-        return self.expiry - min(margin, lifetime / 4)
+        until = self.usable_until
+        assert until is not None
+        return min(self.expiry - min(margin, lifetime / 4), until)
 
     def valid(self, now: float) -> bool:
-        return self.expiry is None or now < self.expiry
+        until = self.usable_until
+        return until is None or now < until
 
 
 def parse_expiry(value: Any) -> float | None:
@@ -411,9 +424,10 @@ class CredentialProcess:
             now = self.clock()
             cred = self._current
             if cred is not None and cred.valid(now):
-                assert cred.expiry is not None
-                then = (f"the current credential is used until it expires at "
-                        f"{_utc(cred.expiry)}, then reads that need it fail with EIO")
+                until = cred.usable_until
+                assert until is not None and cred.expiry is not None
+                then = (f"the current credential is used until {_utc(until)} (it expires at "
+                        f"{_utc(cred.expiry)}), then reads that need it fail with EIO")
             else:
                 then = "reads that need it fail with EIO"
             log.error("credentials for %s: %s%s; %s until it succeeds (retrying in %g s, "
