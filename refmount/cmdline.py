@@ -5,7 +5,7 @@ refmount's own processes never carry configuration in argv: the daemon and the i
 on stdin, and ``refmount --env MOUNTPOINT`` (what ``refmount@.service`` runs) takes SOURCE and
 the mount options from the environment (``REFMOUNT_SOURCE``, ``REFMOUNT_OPTIONS``), which only
 the process's own user and root can read. What a user still types on a command line — a
-password in SOURCE's URL, a signed URL, inline ``remote_options``/``target_options`` JSON —
+password in SOURCE's URL, a signed URL, inline ``remote_options``/``target_options``/``targets`` JSON —
 is masked in this process's argument memory as early as the CLI starts (:func:`hide_credentials`),
 with one warning once the mount answers: until the mask, for the first tenth of a second or
 so, it was visible.
@@ -27,11 +27,12 @@ from .redact import redact_url
 
 ENV_SOURCE = "REFMOUNT_SOURCE"
 ENV_OPTIONS = "REFMOUNT_OPTIONS"
-INLINE_JSON_OPTIONS = ("remote_options", "target_options")  # "@FILE" is a name, not a secret
+# "@FILE" is a name, not a secret; ``targets`` rules hold storage options.
+INLINE_JSON_OPTIONS = ("remote_options", "target_options", "targets")
 MASK = "***"
 WARNING = ("refmount: WARNING: credentials on the command line ({what}) were visible to every "
            "user of this machine (ps, /proc) until refmount {how}; put them in a file only you "
-           "can read (remote_options=@FILE, target_options=@FILE) or pass SOURCE and options "
+           "can read (remote_options=@FILE, target_options=@FILE, targets=@FILE) or pass SOURCE and options "
            "in the environment (refmount --env MOUNTPOINT, $REFMOUNT_SOURCE, $REFMOUNT_OPTIONS)")
 
 

@@ -183,6 +183,27 @@ class Json:
 
 
 @dataclass(frozen=True)
+class Rules:
+    """Target rules (``targets.py``): a JSON list, inline or ``@FILE`` (read now, bounded);
+    kept in JSON form. Never echoed: rule options may hold credentials."""
+
+    metavar: str = "JSON|@FILE"
+    pytype: str = "list[dict[str, Any]]"
+
+    def parse(self, name: str, text: str) -> list[dict[str, Any]]:
+        from .targets import TargetRules, load_rules, unsupported
+
+        rules = load_rules(text, name)
+        problem = unsupported(TargetRules.from_json(rules).rules)
+        if problem is not None:
+            raise ConfigError(problem)
+        return rules
+
+    def show(self, value: Any) -> str:
+        return f"{len(value)} rules" if value else "none"
+
+
+@dataclass(frozen=True)
 class Int:
     lo: int
     hi: int = 2**31 - 1
@@ -370,7 +391,7 @@ def read_token(path: str, name: str = "auth_token") -> str:
     return token
 
 
-Kind = (Flag | Text | Choice | Json | Int | Size | Seconds | Directory | LogTarget | Directories
+Kind = (Flag | Text | Choice | Json | Rules | Int | Size | Seconds | Directory | LogTarget | Directories
         | Listen | Cors | TokenFile)
 
 
@@ -414,6 +435,11 @@ OPTIONS: tuple[Option, ...] = (
            "fsspec storage options for the targets (credentials, endpoint, anon)"),
     Option("target_options", Json(), dict,
            "fsspec storage options for opening SOURCE itself"),
+    Option("targets", Rules(), list,
+           "rules for targets under a prefix: a list of {\"prefix\", \"rewrite\" (text that "
+           "replaces the prefix, or a list of mirrors tried in order), \"options\" (storage "
+           "options merged over remote_options)}; the longest matching prefix wins "
+           "(docs/configuration.md#target-rules)"),
     # FUSE and permissions
     Option("allow_other", Flag(), False,
            "let other users access the mount (needs user_allow_other in /etc/fuse.conf for "

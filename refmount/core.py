@@ -43,6 +43,7 @@ from .refs import IndexFile, Ref, format_named
 from .refs.index import KeyIndex
 from .refs.limits import Limits
 from .stats import Stats
+from .targets import Rule, TargetRules
 from .tree import Tree
 from .urlenv import environment_identity
 
@@ -155,6 +156,36 @@ class SetCore:
         self._nursery = None
 
 
+def disk_cache_key(fetcher: Fetcher) -> Callable[[str], str]:
+    """What names a target's blocks in the disk cache: where it is read (its URL after the
+    target rules, resolved like the fetcher does: SOURCE's directory, remote_protocol, the
+    confinement) and with which options — the rule's storage options over remote_options
+    (an endpoint names another object), its rewrites and its credential command, and the
+    environment the backends read endpoints from (AWS_ENDPOINT_URL, ...: urlenv.py). A
+    target no rule matches keeps the key it had without rules."""
+    environment = environment_identity()
+    tags: dict[int, str] = {}
+
+    def tag(rule: Rule | None) -> str:
+        number = rule.number if rule is not None else 0
+        known = tags.get(number)
+        if known is None:
+            what: list[Any] = [fetcher.static_options(rule), environment]
+            if rule is not None:
+                what += [list(rule.rewrite), rule.credentials]
+            digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode())
+            known = tags[number] = digest.hexdigest()[:16]
+        return known
+
+    identity = fetcher.policy.cache_identity
+
+    def key(url: str) -> str:
+        route = fetcher.route(url)
+        return f"{tag(route.rule)}\0{identity(route.urls[0])}"
+
+    return key
+
+
 def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
     """The core of one set from its configuration and prepared index, not yet running."""
     stats = Stats()
@@ -167,17 +198,11 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
         stats=stats,
         merge_gap=cfg.merge_gap,
         merge_limit=cfg.block_size,
+        rules=TargetRules.from_json(cfg.targets),
     )
     disk = writer = None
     if cfg.disk_cache:
-        # A reference's URL is resolved like the fetcher does (SOURCE's directory,
-        # remote_protocol), and the storage options (endpoint, ...) are part of the key.
-        # The environment the backends read endpoints from (AWS_ENDPOINT_URL, ...: urlenv.py)
-        # changes what a URL names: it is part of the key too.
-        options = hashlib.sha256(json.dumps([cfg.remote_options, environment_identity()],
-                                            sort_keys=True, default=str).encode())
-        tag, identity = options.hexdigest()[:16], fetcher.policy.cache_identity
-        disk = DiskCache(cfg.cache_dir, cfg.cache_size, target_key=lambda url: f"{tag}\0{identity(url)}")
+        disk = DiskCache(cfg.cache_dir, cfg.cache_size, target_key=disk_cache_key(fetcher))
         writer = CacheWriter(disk, stats)
     reader = RefReader(
         fetcher,
