@@ -191,13 +191,9 @@ class Rules:
     pytype: str = "list[dict[str, Any]]"
 
     def parse(self, name: str, text: str) -> list[dict[str, Any]]:
-        from .targets import TargetRules, load_rules, unsupported
+        from .targets import load_rules
 
-        rules = load_rules(text, name)
-        problem = unsupported(TargetRules.from_json(rules).rules)
-        if problem is not None:
-            raise ConfigError(problem)
-        return rules
+        return load_rules(text, name)
 
     def show(self, value: Any) -> str:
         return f"{len(value)} rules" if value else "none"

@@ -7,6 +7,7 @@ process works again. The tokens appear nowhere: ps, /proc/mounts, the log, xattr
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -148,6 +149,11 @@ def test_credentials_refresh_under_reads_fail_with_eio_and_recover_and_never_sho
         refreshed = len(runs.read_text().splitlines())
         assert refreshed >= 4, f"{refreshed} runs in {3.2 * LIFETIME} s"
         assert srv.count(None) > 0 and [r for r in srv.log(None) if r.status == 401] == []
+        # Each token was fetched before the one before it expired, once three quarters of
+        # its lifetime had passed (less the time the process takes to start and ask).
+        expiries = list(srv.tokens_issued().values())
+        early = [round(e - (f - LIFETIME), 2) for e, f in itertools.pairwise(expiries)]
+        assert all(0 < x <= LIFETIME / 4 for x in early), early
         assert log_lines(m, "credentials for target rule 1") and log_lines(m, "generation 3")
 
         # 2. The process fails: once the token has expired reads fail with EIO, logged once.

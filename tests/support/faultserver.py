@@ -37,7 +37,7 @@
   request carries ``Authorization: Bearer <token>`` with a token this server issued less than
   ``lifetime`` seconds ago. ``GET TOKEN_PATH`` issues one: ``{"token": ..., "expiry": <epoch
   seconds>}`` (what a credential process would ask an identity provider for);
-  ``tokens_issued()`` lists them.
+  ``tokens_issued()`` lists them with their expiries.
 * ``stop()`` ends stalls, closes open connections and joins the serving thread.
 
 Standalone use (serves DIR without faults until Ctrl-C)::
@@ -425,9 +425,10 @@ class FaultServer:
             self._tokens[token] = expiry
         return {"token": token, "expiry": expiry}
 
-    def tokens_issued(self) -> list[str]:
+    def tokens_issued(self) -> dict[str, float]:
+        """Every token issued, in order, with its expiry."""
         with self._lock:
-            return list(self._tokens)
+            return dict(self._tokens)
 
     def _authorized(self, header: str) -> bool:
         scheme, _, token = header.strip().partition(" ")
