@@ -194,6 +194,9 @@ def _tool_parser(command: str) -> argparse.ArgumentParser:
                        help="output path or fsspec URL (.gz/.zst compressed by name); default stdout")
     if command == "inspect":
         p.description = "Summarise a reference set without mounting it."
+        p.add_argument("--targets", default=None, metavar="JSON|@FILE",
+                       help="target rules (as -o targets=): show where targets are read and "
+                            "which no rule matches")
     if command in ("inspect", "stats"):
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return p
@@ -216,7 +219,10 @@ def _run_tool(command: str, argv: list[str]) -> int:
     options = _json_option("--target-options", args.target_options)
     source = os.path.abspath(local_path(args.source)) if is_local(args.source) else args.source
     if command == "inspect":
-        info = tools.inspect(source, options)
+        from .targets import TargetRules, load_rules
+
+        rules = TargetRules.from_json(load_rules(args.targets, "--targets")) if args.targets else None
+        info = tools.inspect(source, options, rules)
         print(json.dumps(info, indent=2) if args.json else tools.format_inspect(info))
         return 0
     if args.output == "-":

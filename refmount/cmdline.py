@@ -42,13 +42,23 @@ def _split(arg: str) -> tuple[str, str]:
 
 
 TOOL_OPTION = "--target-options"  # refmount expand/inspect: JSON or @FILE
+TOOL_OPTIONS = (TOOL_OPTION, "--targets")  # refmount inspect --targets: rules, JSON or @FILE
+
+
+def _tool_option(arg: str, previous: str) -> str | None:
+    """The tool option whose value ``arg`` is or holds (None: none)."""
+    for name in TOOL_OPTIONS:
+        if previous == name or arg.startswith(name + "="):
+            return name
+    return None
 
 
 def inline_json(arg: str, previous: str = "") -> list[str]:
-    """The inline JSON values in ``arg``: of ``remote_options``/``target_options`` in a ``-o``
-    group, or the value of ``--target-options`` (``previous`` is the argument before)."""
-    if previous == TOOL_OPTION or arg.startswith(TOOL_OPTION + "="):
-        value = arg.removeprefix(TOOL_OPTION + "=")
+    """The inline JSON values in ``arg``: of ``remote_options``/``target_options``/``targets``
+    in a ``-o`` group, or the value of ``--target-options``/``--targets`` (``previous`` is
+    the argument before)."""
+    if (name := _tool_option(arg, previous)) is not None:
+        value = arg.removeprefix(name + "=")
         return [] if value.startswith("@") else [value]
     body = _split(arg)[1]
     if not any(f"{name}=" in body for name in INLINE_JSON_OPTIONS):
@@ -66,8 +76,8 @@ def masked_argument(arg: str, previous: str = "") -> str:
     ``-o`` group, ``-oGROUP`` too) and of ``--target-options`` replaced by ``***``, and every
     URL password, credential-like query value or ``name=value`` pair redacted
     (``redact_url``)."""
-    if inline_json(arg, previous) and (previous == TOOL_OPTION or arg.startswith(TOOL_OPTION)):
-        return MASK if previous == TOOL_OPTION else f"{TOOL_OPTION}={MASK}"
+    if inline_json(arg, previous) and (name := _tool_option(arg, previous)) is not None:
+        return MASK if previous == name else f"{name}={MASK}"
     prefix, body = _split(arg)
     if inline_json(arg):
         parts = []

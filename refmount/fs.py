@@ -410,6 +410,9 @@ class RefFS(pyfuse3.Operations):
             return {XATTR_PREFIX + b"inline": str(ref.length).encode()}
         assert ref.url is not None
         out = {XATTR_PREFIX + b"url": redact_url(ref.url).encode()}
+        # With target rules: where it is read (mirrors one per line) and which rule applied.
+        for name, value in self.reader.fetcher.describe(ref.url).items():
+            out[XATTR_PREFIX + name.encode()] = value.encode()
         if ref.kind is RefKind.RANGE:
             out[XATTR_PREFIX + b"offset"] = str(ref.offset).encode()
             out[XATTR_PREFIX + b"length"] = str(ref.length).encode()

@@ -16,6 +16,7 @@ from typing import IO, Any
 from .progress import Progress
 from .redact import redact_url
 from .refs import Ref, RefKind, detect_format
+from .targets import TargetRules
 
 # ---- reading any reference set as (key, Ref) pairs -------------------------------------------
 
@@ -69,7 +70,8 @@ def expand(source: str, out: IO[str], target_options: dict[str, Any]) -> int:
 # ---- inspect ------------------------------------------------------------------------------
 
 
-def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
+def inspect(source: str, target_options: dict[str, Any],
+            rules: TargetRules | None = None) -> dict[str, Any]:
     progress = Progress(f"reading {redact_url(source)}")
     keys = inline_bytes = referenced = whole = 0
     targets: set[str] = set()
@@ -113,6 +115,7 @@ def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
     finally:
         progress.close()
     _decoded_sizes(arrays, metadata, stored)
+    routed = _routes(source, targets, rules) if rules else None
     return {
         "source": redact_url(source),  # printed: no user:password@, tokens or signatures
         "format": detect_format(source, target_options).name,
@@ -123,7 +126,35 @@ def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
         "whole_file_refs": whole,
         "inline_bytes": inline_bytes,
         "quirks": quirks,
+        **({"target_rules": routed} if routed is not None else {}),
     }
+
+
+SHOWN_UNMATCHED = 20  # targets no rule matches, listed by inspect (all are counted)
+
+
+def _routes(source: str, targets: set[str], rules: TargetRules) -> dict[str, Any]:
+    """Where the targets are read under ``rules`` (resolved as a mount of ``source`` would):
+    per rule, how many targets it applies to and one of them, original and resolved; the
+    targets no rule matches. Redacted."""
+    from .config import MountConfig
+    from .policy import target_policy
+
+    policy = target_policy(MountConfig(source=source))
+    per_rule: dict[int, dict[str, Any]] = {
+        r.number: {"rule": r.describe(), "targets": 0} for r in rules.rules}
+    unmatched: list[str] = []
+    for url in sorted(targets):
+        route = policy.route(rules, url)
+        if route.rule is None:
+            unmatched.append(redact_url(url))
+            continue
+        entry = per_rule[route.rule.number]
+        entry["targets"] += 1
+        entry.setdefault("example", {"original": redact_url(url),
+                                     "resolved": [redact_url(u) for u in route.urls]})
+    return {"rules": list(per_rule.values()), "unmatched": len(unmatched),
+            "unmatched_targets": unmatched[:SHOWN_UNMATCHED]}
 
 
 def _decoded_sizes(arrays: dict[str, dict[str, Any]], metadata: dict[str, bytes | None],
@@ -171,6 +202,8 @@ def format_inspect(info: dict[str, Any]) -> str:
     ]
     for i, (what, n) in enumerate(sorted(info.get("quirks", {}).items())):
         lines.append(f"{'quirks accepted' if i == 0 else '':18}{n:,} {what}")
+    if "target_rules" in info:
+        lines.extend(_format_routes(info["target_rules"]))
     if info["arrays"]:
         rows = [("array", "shape", "chunks", "dtype", "compressor", "codecs (decoding order)",
                  "stored", "decoded")]
@@ -190,6 +223,20 @@ def format_inspect(info: dict[str, Any]) -> str:
             lines.append("not decoded with -o decode (served as referenced):")
             lines.extend(f"  {p}: {why[len('as referenced: '):]}" for p, why in skipped)
     return "\n".join(lines)
+
+
+def _format_routes(routed: dict[str, Any]) -> list[str]:
+    lines = ["", "target rules (longest prefix wins):"]
+    for r in routed["rules"]:
+        lines.append(f"  rule {r['rule']}: {r['targets']:,} targets")
+        if "example" in r:
+            lines.append(f"    e.g. {r['example']['original']}")
+            lines.extend(f"      -> {u}" for u in r["example"]["resolved"])
+    lines.append(f"  no rule: {routed['unmatched']:,} targets")
+    lines.extend(f"    {u}" for u in routed["unmatched_targets"])
+    if routed["unmatched"] > len(routed["unmatched_targets"]):
+        lines.append(f"    ... and {routed['unmatched'] - len(routed['unmatched_targets']):,} more")
+    return lines
 
 
 # ---- stats --------------------------------------------------------------------------------

@@ -75,12 +75,12 @@ def test_prefixes_match_on_path_segment_boundaries(prefix: str, url: str, matche
 
 def test_rewrite_replaces_the_prefix_and_keeps_the_rest() -> None:
     r = rules({"prefix": "/glade/campaign/collections/gdex/data/",
-               "rewrite": "https://osdata.gdex.ucar.edu/"})
+               "rewrite": "https://data.gdex.ucar.edu/"})
     route = r.route("/glade/campaign/collections/gdex/data/d633000/e5.nc")
-    assert route.urls == ("https://osdata.gdex.ucar.edu/d633000/e5.nc",)
+    assert route.urls == ("https://data.gdex.ucar.edu/d633000/e5.nc",)
     assert route.rewritten and route.rule is not None and route.rule.number == 1
     assert r.route("file:///glade/campaign/collections/gdex/data/x.nc").urls == (
-        "https://osdata.gdex.ucar.edu/x.nc",)
+        "https://data.gdex.ucar.edu/x.nc",)
 
 
 def test_a_list_rewrite_gives_the_mirrors_in_order() -> None:
@@ -326,3 +326,22 @@ def test_inline_rules_are_masked_on_the_command_line() -> None:
     assert shown == ["refmount", "/srv/r.json", "/mnt", "-o", "ro,targets=***,allow_other",
                      "-otargets=***", "-o", "targets=@/etc/refmount/rules.json"]
     assert "inline remote_options/target_options JSON" in secrets_in(args)
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_the_documented_examples_are_valid_rules_without_secrets() -> None:
+    import re
+
+    ncar = TargetRules.from_json(load_rules(f"@{DOCS / 'examples/targets-ncar.json'}"))
+    route = ncar.route("/glade/campaign/collections/gdex/data/d633000/e5.oper.an.nc")
+    assert route.urls == ("https://data.gdex.ucar.edu/d633000/e5.oper.an.nc",
+                          "https://osdf-director.osg-htc.org/ncar/gdex/d633000/e5.oper.an.nc")
+    buckets = TargetRules.from_json(load_rules(f"@{DOCS / 'examples/targets-s3-buckets.json'}"))
+    assert len({json.dumps(r.options, sort_keys=True) for r in buckets.rules}) == len(buckets)
+    for rule in buckets.rules:
+        assert not {"key", "secret", "token", "password"} & set(rule.options)
+    block = re.search(r"## Target rules.*?```json\n(.*?)```", (DOCS / "configuration.md").read_text(), re.S)
+    assert block is not None
+    assert len(TargetRules.from_json(load_rules(block[1]))) == 3
