@@ -434,7 +434,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("targets", Rules(), list,
            "rules for targets under a prefix: a list of {\"prefix\", \"rewrite\" (text that "
            "replaces the prefix, or a list of mirrors tried in order), \"options\" (storage "
-           "options merged over remote_options)}; the longest matching prefix wins "
+           "options merged over remote_options), \"credentials\" (a command printing "
+           "options that expire)}; the longest matching prefix wins "
            "(docs/configuration.md#target-rules)"),
     # FUSE and permissions
     Option("allow_other", Flag(), False,

@@ -11,16 +11,20 @@ import itertools
 import json
 import os
 import random
+import subprocess
 import sys
 import textwrap
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from support.faultserver import TOKEN_PATH, FaultServer
 from support.mounts import mount_entries, run_cli
 from support.probes import log_lines, stats, wait_for
+
+from refmount.credentials import parse_output
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
@@ -205,3 +209,32 @@ def _try(path: Path) -> bytes | int:
         return read_fresh(path)
     except OSError as e:
         return e.errno or 0
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs/examples/earthdata-s3-credentials.py"
+
+
+def test_the_earthdata_example_prints_aws_credentials_refmount_reads(srv, tmp_path: Path) -> None:
+    """docs/examples/earthdata-s3-credentials.py against a stand-in for a DAAC's
+    s3credentials endpoint (bearer token required): its output is AWS's format, which
+    refmount turns into s3fs's options; a refused token is one line on stderr, exit 1."""
+    srv.require_bearer(60)
+    srv.put("s3credentials", json.dumps({
+        "accessKeyId": "AKIAEXAMPLE", "secretAccessKey": "wJalrXUtnFEMI/EXAMPLEKEY",
+        "sessionToken": "FwoGZXIvYXdzEXAMPLE", "expiration": "2030-01-27 00:50:09+00:00"}).encode())
+    token_file = tmp_path / "edl-token"
+    token_file.write_text(str(srv.issue_token()["token"]) + "\n")
+    env = {**os.environ, "EARTHDATA_TOKEN_FILE": str(token_file), "no_proxy": "*"}
+    url = srv.url_for("s3credentials")
+    r = subprocess.run([sys.executable, str(EXAMPLE), url], capture_output=True, text=True,
+                       env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    cred = parse_output(r.stdout.encode(), now=time.time())
+    assert cred.options == {"key": "AKIAEXAMPLE", "secret": "wJalrXUtnFEMI/EXAMPLEKEY",
+                            "token": "FwoGZXIvYXdzEXAMPLE"}
+    assert cred.expiry == datetime(2030, 1, 27, 0, 50, 9, tzinfo=UTC).timestamp()
+    token_file.write_text("not-a-token-this-server-issued")
+    r = subprocess.run([sys.executable, str(EXAMPLE), url], capture_output=True, text=True,
+                       env=env, timeout=30)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == f"{url}: HTTP 401 Unauthorized\n"
