@@ -191,9 +191,15 @@ class Rules:
     pytype: str = "list[dict[str, Any]]"
 
     def parse(self, name: str, text: str) -> list[dict[str, Any]]:
+        from .credentials import command_problem
         from .targets import load_rules
 
-        return load_rules(text, name)
+        rules = load_rules(text, name)
+        for number, rule in enumerate(rules, 1):
+            argv = rule.get("credentials", {}).get("process")
+            if argv and (problem := command_problem(argv)) is not None:
+                raise ConfigError(f"{name}: rule {number}: credentials.process: {problem}")
+        return rules
 
     def show(self, value: Any) -> str:
         return f"{len(value)} rules" if value else "none"

@@ -39,6 +39,7 @@ import logging
 import math
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -227,6 +228,23 @@ def shown_command(argv: Sequence[str]) -> str:
     redacted all the same), cut short."""
     text = redact_url(shlex.join(argv))
     return text if len(text) <= 100 else text[:100] + "…"
+
+
+def command_problem(argv: Sequence[str]) -> str | None:
+    """Why ``argv`` cannot be run as a credential process (None: it can be): a relative path
+    (the detached daemon runs in ``/``), a command that is not on ``PATH`` or not an
+    executable file. Checked when the option is read, so that a typo stops refmount."""
+    command = argv[0]
+    if "/" in command:
+        if not os.path.isabs(command):
+            return (f"{command!r} is a relative path: give an absolute path or a command "
+                    "name found on PATH")
+        if not (os.path.isfile(command) and os.access(command, os.X_OK)):
+            return f"{command} is not an executable file"
+        return None
+    if shutil.which(command) is None:
+        return f"no command {command!r} on PATH"
+    return None
 
 
 def _kill_group(proc: trio.Process) -> None:

@@ -18,6 +18,7 @@ import pytest
 import trio
 import trio.testing
 
+from refmount.config import MountConfig, apply_options
 from refmount.credentials import (
     CredentialError,
     CredentialProcess,
@@ -26,7 +27,7 @@ from refmount.credentials import (
     parse_output,
     run_command,
 )
-from refmount.errors import FetchError, ReadError
+from refmount.errors import ConfigError, FetchError, ReadError
 
 SECRET = "SENTINEL-s3cr3t-7f1e"  # never in a log record or an error
 T0 = 1_800_000_000.0  # the fake wall clock's start (2027-01-15)
@@ -459,3 +460,30 @@ def test_rule_credentials_give_each_rule_its_options_or_a_logged_fetch_error(
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "target rule 2 s3://b" in errors[0]
     assert "no: password=***" in errors[0] and SECRET not in errors[0]
+
+
+# ---- the command is checked when the option is read ------------------------------------------------
+
+@pytest.mark.parametrize(("command", "says"), [
+    ("bin/get-token", "'bin/get-token' is a relative path: give an absolute path or a command "
+                      "name found on PATH"),
+    ("/nonexistent/get-token", "/nonexistent/get-token is not an executable file"),
+    ("/etc/passwd", "/etc/passwd is not an executable file"),
+    ("/etc", "/etc is not an executable file"),
+    ("no-such-command-7f1e", "no command 'no-such-command-7f1e' on PATH"),
+])
+def test_a_command_that_cannot_run_stops_refmount_naming_the_rule(command: str, says: str) -> None:
+    rules = [{"prefix": "s3://a"},
+             {"prefix": "s3://b", "options": {"secret": SECRET},
+              "credentials": {"process": [command, "--token", "x"]}}]
+    with pytest.raises(ConfigError) as info:
+        apply_options(MountConfig(), ["targets=" + json.dumps(rules)])
+    assert str(info.value) == f"targets: rule 2: credentials.process: {says}"
+
+
+def test_commands_by_absolute_path_or_on_path_are_taken(tmp_path: Path) -> None:
+    cfg = MountConfig()
+    rules = [{"prefix": "s3://a", "credentials": {"process": ["true"]}},
+             {"prefix": "s3://b", "credentials": {"process": [sys.executable, "x.py"]}}]
+    apply_options(cfg, ["targets=" + json.dumps(rules)])
+    assert cfg.targets == rules
