@@ -197,7 +197,7 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
     """The core of one set from its configuration and prepared index, not yet running."""
     stats = Stats()
     rules = TargetRules.from_json(cfg.targets)
-    credentials = RuleCredentials(rules.rules)  # the rules' credential processes
+    credentials = RuleCredentials(rules.rules, shown=stats.credentials)  # their processes
     fetcher = Fetcher(
         cfg.remote_options,
         target_policy(cfg),

@@ -330,11 +330,14 @@ class CredentialProcess:
                  refresh_margin: float = DEFAULT_MARGIN, timeout: float = DEFAULT_TIMEOUT,
                  max_output: int = MAX_OUTPUT, clock: Callable[[], float] = time.time,
                  runner: Runner | None = None, min_backoff: float = MIN_BACKOFF,
-                 max_backoff: float = MAX_BACKOFF) -> None:
+                 max_backoff: float = MAX_BACKOFF,
+                 on_change: Callable[[CredentialProcess], None] | None = None,
+                 number: int = 0) -> None:
         if not argv or not all(isinstance(a, str) and a for a in argv):
             raise ValueError("a credential process is a non-empty list of non-empty strings")
         self.argv = tuple(argv)
         self.label = label
+        self.number = number  # the target rule's (0: none)
         self.refresh_margin = refresh_margin
         self.clock = clock
         self.min_backoff = min_backoff
@@ -351,6 +354,7 @@ class CredentialProcess:
         self._changed = trio.Event()
         self.refreshes = 0  # credentials received
         self.failures = 0  # runs that gave none
+        self._on_change = on_change  # told after each run (stats)
 
     @property
     def generation(self) -> int:
@@ -457,6 +461,8 @@ class CredentialProcess:
         self._wake()
 
     def _wake(self) -> None:
+        if self._on_change is not None:
+            self._on_change(self)
         self._changed.set()
         self._changed = trio.Event()
 
@@ -503,11 +509,22 @@ class RuleCredentials:
     them all in the background (``SetCore.start``)."""
 
     def __init__(self, rules: Iterable[CredentialRule], *, timeout: float = DEFAULT_TIMEOUT,
-                 refresh_margin: float = DEFAULT_MARGIN) -> None:
+                 refresh_margin: float = DEFAULT_MARGIN,
+                 shown: dict[str, dict[str, Any]] | None = None) -> None:
+        """``shown`` (``Stats.credentials``) is kept up to date with ``describe()``."""
+        self._shown = shown
+
+        def changed(process: CredentialProcess) -> None:
+            if self._shown is not None:
+                self._shown[str(process.number)] = process.describe()
+
         self._processes = {
             r.number: CredentialProcess(r.credentials, label=f"target rule {r.describe()}",
-                                        timeout=timeout, refresh_margin=refresh_margin)
+                                        timeout=timeout, refresh_margin=refresh_margin,
+                                        on_change=changed, number=r.number)
             for r in rules if r.credentials is not None}
+        for process in self._processes.values():
+            changed(process)
 
     def __bool__(self) -> bool:
         return bool(self._processes)

@@ -159,6 +159,8 @@ def test_credentials_refresh_under_reads_fail_with_eio_and_recover_and_never_sho
         early = [round(e - (f - LIFETIME), 2) for e, f in itertools.pairwise(expiries)]
         assert all(0 < x <= LIFETIME / 4 for x in early), early
         assert log_lines(m, "credentials for target rule 1") and log_lines(m, "generation 3")
+        shown = stats(m)["credentials"]["1"]
+        assert shown["generation"] >= 4 and not shown["failing"] and shown["failures"] == 0
 
         # 2. The process fails: once the token has expired reads fail with EIO, logged once.
         broken.touch()
@@ -176,6 +178,7 @@ def test_credentials_refresh_under_reads_fail_with_eio_and_recover_and_never_sho
         assert log_lines(m, "read failed") == [], "each failed read was logged again"
         last = stats(m)["last_error"]
         assert last and "no valid credentials" in last["reason"], last
+        assert stats(m)["credentials"]["1"]["failing"]
 
         # 3. It works again: reads recover (the next retry, at most 8 s after the failures
         # began) and it says so once.

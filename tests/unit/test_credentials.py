@@ -28,6 +28,7 @@ from refmount.credentials import (
     run_command,
 )
 from refmount.errors import ConfigError, FetchError, ReadError
+from refmount.tools import format_stats
 
 SECRET = "SENTINEL-s3cr3t-7f1e"  # never in a log record or an error
 T0 = 1_800_000_000.0  # the fake wall clock's start (2027-01-15)
@@ -439,8 +440,11 @@ def test_rule_credentials_give_each_rule_its_options_or_a_logged_fetch_error(
     """, "bad.py")
     rules = [FakeRule(1, "https://a.example/", tuple(good)), FakeRule(2, "s3://b", tuple(bad)),
              FakeRule(3, "s3://c", None)]
-    provider = RuleCredentials(rules)
-    assert provider
+    shown: dict = {}
+    provider = RuleCredentials(rules, shown=shown)
+    assert provider and shown["1"]["generation"] == 0 and set(shown) == {"1", "2"}
+    assert format_stats({"credentials": shown}).splitlines()[0] == (
+        "credentials, rule 1  waiting for the first: no credential yet")
 
     async def main() -> None:
         assert await provider(rules[0]) == (1, {"headers": {"Authorization": f"Bearer {SECRET}"}})
@@ -455,8 +459,13 @@ def test_rule_credentials_give_each_rule_its_options_or_a_logged_fetch_error(
             await provider(rules[2])
 
     trio.run(main)
-    shown = json.dumps(provider.describe())
-    assert SECRET not in shown and '"generation": 1' in shown and '"failing": true' in shown
+    assert shown == provider.describe()  # kept up to date (Stats.credentials)
+    text = json.dumps(shown)
+    assert SECRET not in text and '"generation": 1' in text and '"failing": true' in text
+    table = format_stats({"credentials": shown})
+    assert SECRET not in table
+    assert "credentials, rule 2  failing (1 failed run): no credential yet" in table
+    assert "credentials, rule 1  ok: generation 1, valid until 20" in table
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and "target rule 2 s3://b" in errors[0]
     assert "no: password=***" in errors[0] and SECRET not in errors[0]
