@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -241,3 +242,21 @@ def test_the_earthdata_example_prints_aws_credentials_refmount_reads(srv, tmp_pa
                        env=env, timeout=30)
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr == f"{url}: HTTP 401 Unauthorized\n"
+
+
+def test_refmount_serve_reads_under_a_rules_credential(serve, srv, tmp_path: Path) -> None:
+    """The HTTP server runs the rules' credential processes as the mount does."""
+    srv.require_bearer(60)
+    blob = random.Random(3).randbytes(10_000)
+    source = tmp_path / "refs.json"
+    source.write_text(json.dumps({"a": [srv.put("data/a.bin", blob), 100, 5000]}))
+    script, _, runs = credential_script(tmp_path, srv)
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps([{"prefix": srv.url + "/data/",
+                                  "credentials": {"process": [sys.executable, str(script)]}}]))
+    s = serve(source, f"targets=@{rules}")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(s.url.rstrip("/") + "/a", timeout=30) as r:
+        assert r.read() == blob[100:5100]
+    assert runs.read_text().count("\n") == 1 and len(srv.tokens_issued()) == 1
+    assert [q for q in srv.log(None) if q.status == 401] == []
