@@ -356,9 +356,8 @@ class Fetcher:
         if fs is None:
             cls = fsspec.get_filesystem_class(name)
             options = dict(options)
-            if generation:
-                # Credentials that expire: fsspec's instance cache would keep every
-                # generation (and its secret) for the life of the process.
+            if rule is not None and rule.credentials is not None:
+                # Refreshed credentials make new instances: none kept in fsspec's cache.
                 options["skip_instance_cache"] = True
             if getattr(cls, "async_impl", False):
                 if self._loop is not None:
@@ -617,8 +616,8 @@ class Fetcher:
         began = trio.current_time()
         try:
             data = await self._with_retries(url, f"bytes {start}-{end}", op)
-        except RangesIgnored:
-            host = urlsplit(self.route(url).urls[0]).netloc.rpartition("@")[2]  # never the userinfo
+        except RangesIgnored as e:
+            host = urlsplit(e.url).netloc.rpartition("@")[2]  # the server asked; never the userinfo
             if self._rangeless.get(host) is None:
                 self._rangeless.put(host, True)
                 log.warning("the server %s ignores Range requests (it answers 200 with the whole "

@@ -99,8 +99,9 @@ class TargetRules:
 
     def __init__(self, rules: Sequence[Rule] = ()) -> None:
         self.rules = tuple(rules)
-        # Longest prefix first: the first that matches wins.
-        self._by_length = sorted(self.rules, key=lambda r: len(_match_key(r.prefix)[1]), reverse=True)
+        # By (local?, prefix text): a URL is matched by looking up its own prefixes that end
+        # at a segment boundary, longest first — a few lookups per URL, however many rules.
+        self._by_prefix = {_match_key(r.prefix): r for r in self.rules}
 
     def __bool__(self) -> bool:
         return bool(self.rules)
@@ -110,12 +111,18 @@ class TargetRules:
 
     def match(self, url: str) -> Rule | None:
         """The rule whose prefix is the longest that matches ``url`` (None: no rule)."""
+        if not self._by_prefix:
+            return None
         local, text = _match_key(url)
-        for rule in self._by_length:
-            rlocal, prefix = _match_key(rule.prefix)
-            if rlocal != local or not text.startswith(prefix):
-                continue
-            if len(text) == len(prefix) or prefix.endswith("/") or text[len(prefix)] == "/":
+        rule = self._by_prefix.get((local, text))
+        if rule is not None:
+            return rule
+        # The prefixes of ``text`` a rule may have: up to a "/" (a prefix ending with "/")
+        # or up to just before one (a prefix matched on the segment boundary).
+        at = len(text)
+        while (at := text.rfind("/", 0, at)) >= 0:
+            rule = self._by_prefix.get((local, text[: at + 1])) or self._by_prefix.get((local, text[:at]))
+            if rule is not None:
                 return rule
         return None
 

@@ -27,6 +27,7 @@ from refmount.targets import (
     options_for,
     parse_rules,
 )
+from refmount.tools import inspect
 
 SECRET = "SENTINEL-RULE-SECRET-41c9"
 
@@ -345,3 +346,42 @@ def test_the_documented_examples_are_valid_rules_without_secrets() -> None:
     block = re.search(r"## Target rules.*?```json\n(.*?)```", (DOCS / "configuration.md").read_text(), re.S)
     assert block is not None
     assert len(TargetRules.from_json(load_rules(block[1]))) == 3
+
+
+def test_inspect_shows_each_rule_and_the_targets_no_rule_matches(tmp_path: Path) -> None:
+    src = tmp_path / "refs.json"
+    src.write_text(json.dumps({"version": 1, "refs": {
+        "a/0": ["/glade/campaign/x.nc", 0, 10], "a/1": ["/glade/other/y.nc", 0, 10],
+        "b/0": ["s3://bkt/z.nc", 0, 5], "c/0": ["data/rel.nc", 0, 5]}}))
+    rules_file = tmp_path / "rules.json"
+    rules_file.write_text(json.dumps([
+        {"prefix": "/glade/campaign/", "rewrite": ["https://u:" + SECRET + "@a.org/d/", "https://b.org/"]},
+        {"prefix": str(tmp_path / "data"), "rewrite": "https://c.org/rel"},
+        {"prefix": "s3://bkt", "options": {"secret": SECRET}}]))
+    r = subprocess.run([sys.executable, "-m", "refmount", "inspect", str(src), "--targets",
+                        f"@{rules_file}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "rule 1 /glade/campaign/: 1 targets" in out
+    assert "-> https://***@a.org/d/x.nc" in out and "-> https://b.org/x.nc" in out
+    assert "-> https://c.org/rel/rel.nc" in out  # a relative path, resolved as a mount would
+    assert "no rule: 1 targets\n    /glade/other/y.nc" in out
+    assert SECRET not in out + r.stderr
+    routed = inspect(str(src), {}, TargetRules.from_json(load_rules(f"@{rules_file}")))["target_rules"]
+    assert routed["unmatched"] == 1 and [r["targets"] for r in routed["rules"]] == [1, 1, 1]
+    bad = subprocess.run([sys.executable, "-m", "refmount", "inspect", str(src), "--targets",
+                          '[{"prefix": 1}]'], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].startswith(
+        "refmount: error: targets: rule 1: prefix must be")
+
+
+def test_matching_costs_a_few_lookups_per_url_however_many_rules() -> None:
+    import time
+
+    many = rules(*({"prefix": f"s3://bucket-{i}/data/", "rewrite": f"https://m{i}.org/"}
+                   for i in range(10_000)))
+    urls = [f"s3://bucket-{i % 12_000}/data/y{i}/c{i}.nc" for i in range(100_000)]
+    began = time.process_time()
+    matched = sum(many.match(u) is not None for u in urls)
+    assert matched == sum(1 for i in range(100_000) if i % 12_000 < 10_000)
+    assert time.process_time() - began < 5.0  # a scan of the rules per URL takes minutes
