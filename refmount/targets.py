@@ -19,8 +19,10 @@ every format alike. The **longest** matching prefix wins. A prefix matches on pa
 boundaries: ``s3://bucket/a`` matches ``s3://bucket/a`` and ``s3://bucket/a/x`` but not
 ``s3://bucket/ab``; a prefix ending with ``/`` matches everything that starts with it. A local
 prefix (a plain absolute path or ``file://``/``local://`` URL) matches local targets by path,
-whichever of those forms a set uses. A rewrite replaces the prefix as text: a prefix and its
-rewrites all end with ``/`` or none does.
+whichever of those forms a set uses. A target whose part after a prefix has a ``..`` segment
+is matched by no rule (it would be requested outside the prefix, with the rule's options).
+A rewrite replaces the prefix as text: a prefix and its rewrites all end with ``/`` or none
+does.
 
 Pure: no I/O, no fsspec. The policy (``policy.py``) applies to the rewritten URLs.
 """
@@ -118,9 +120,13 @@ class TargetRules:
         if rule is not None:
             return rule
         # The prefixes of ``text`` a rule may have: up to a "/" (a prefix ending with "/")
-        # or up to just before one (a prefix matched on the segment boundary).
+        # or up to just before one (a prefix matched on the segment boundary). A rule does not
+        # apply when what follows its prefix climbs out of it ("..": a client would request
+        # another path than the one under the prefix, with the rule's options).
         at = len(text)
         while (at := text.rfind("/", 0, at)) >= 0:
+            if text[at + 1 :].split("/", 1)[0] == "..":
+                break  # this and every shorter prefix would be climbed out of
             rule = self._by_prefix.get((local, text[: at + 1])) or self._by_prefix.get((local, text[:at]))
             if rule is not None:
                 return rule

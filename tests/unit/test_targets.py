@@ -385,3 +385,14 @@ def test_matching_costs_a_few_lookups_per_url_however_many_rules() -> None:
     matched = sum(many.match(u) is not None for u in urls)
     assert matched == sum(1 for i in range(100_000) if i % 12_000 < 10_000)
     assert time.process_time() - began < 5.0  # a scan of the rules per URL takes minutes
+
+
+def test_a_target_climbing_out_of_a_prefix_is_not_matched_by_it() -> None:
+    r = rules({"prefix": "https://pub.org/private/", "options": {"headers": {"Authorization": "x"}}},
+              {"prefix": "https://pub.org/", "rewrite": "https://mirror.org/"},
+              {"prefix": "https://odd.org/a/../b", "rewrite": "https://m.org/b"})
+    assert r.match("https://pub.org/private/x/y.nc").number == 1
+    assert r.match("https://pub.org/private/../public/y.nc") is None
+    assert r.match("https://pub.org/private/x/../../y.nc") is None
+    assert r.match("https://pub.org/private/x/..y.nc").number == 1  # a name, not a segment
+    assert r.match("https://odd.org/a/../b/c.nc").number == 3  # ".." of the rule's own prefix
