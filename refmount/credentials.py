@@ -67,6 +67,7 @@ DEFAULT_TIMEOUT = 30.0
 MIN_BACKOFF = 1.0
 MAX_BACKOFF = 60.0
 EXPIRY_SKEW = 30.0  # a credential is not used in the last tenth of its lifetime, at most this
+MIN_INTERVAL = 1.0  # the background refresh runs the command at most once a second
 MAX_SLEEP = 60.0  # the wall clock is looked at again at least this often (suspend, clock steps)
 
 _REFMOUNT_FIELDS = {"options", "expiry"}
@@ -123,7 +124,10 @@ class Credential:
         lifetime = max(self.expiry - self.issued, 0.0)
         until = self.usable_until
         assert until is not None
-        return min(self.expiry - min(margin, lifetime / 4), until)
+        # Never sooner than MIN_INTERVAL after the last: a command printing credentials that
+        # live a moment does not make a busy loop.
+        return max(min(self.expiry - min(margin, lifetime / 4), until),
+                   self.issued + MIN_INTERVAL)
 
     def valid(self, now: float) -> bool:
         until = self.usable_until
@@ -418,6 +422,10 @@ class CredentialProcess:
                 raise ProcessFailed(f"{shown_command(self.argv)}: {e}") from None
         except ProcessFailed as e:
             self._failed(e)
+            raise self._error() from None
+        except Exception as e:  # a bug must not end the mount: a failed run like any other
+            self._failed(ProcessFailed(f"{shown_command(self.argv)}: unexpected "
+                                       f"{type(e).__name__} in refmount"))
             raise self._error() from None
         self._current = cred
         self._generation += 1

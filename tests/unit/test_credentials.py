@@ -245,6 +245,42 @@ def test_refreshes_come_the_margin_before_expiry_and_at_most_a_quarter_of_the_li
     assert creds.describe()["refreshes"] == len(expect)
 
 
+def test_credentials_that_live_a_moment_are_refreshed_at_most_once_a_second() -> None:
+    fake = FakeCommand(lifetime=0.1)
+    creds = fake.process()
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(creds.run)
+            await trio.sleep(4.5)
+            n.cancel_scope.cancel()
+
+    mock_run(main)
+    assert fake.runs == pytest.approx([0, 1, 2, 3, 4])
+
+
+def test_an_unexpected_error_is_a_failed_run_not_the_end_of_the_mount() -> None:
+    class Broken(FakeCommand):
+        async def __call__(self, argv: object) -> bytes:
+            self.runs.append(trio.current_time())
+            raise RuntimeError(f"bug holding {SECRET}")
+
+    fake = Broken()
+    creds = fake.process()
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(creds.run)
+            await trio.sleep(3.5)
+            with pytest.raises(CredentialError, match="unexpected RuntimeError in refmount") as e:
+                await creds.options()
+            assert SECRET not in str(e.value)
+            n.cancel_scope.cancel()
+
+    mock_run(main)
+    assert fake.runs == pytest.approx([0, 1, 3])
+
+
 def test_a_credential_without_expiry_is_fetched_once() -> None:
     fake = FakeCommand(lifetime=None)
     creds = fake.process()
