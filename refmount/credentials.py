@@ -19,8 +19,9 @@ more for each refresh). ``options()`` returns the generation and the options val
 fetcher keys its file system instances by generation, so reads in flight finish on the old
 instance while new reads use the new one. ``run()``, in the serving process's nursery, fetches
 the first credential at once and each next one ``refresh_margin`` before the current one
-expires (at most a quarter of its lifetime before), and retries a failed run with backoff
-(1 s doubling to 60 s). A failure is logged once, with the command's exit status and the
+expires (at most a quarter of its lifetime before, at most once a second), and retries a
+failed run with backoff (1 s doubling to 60 s). A credential is not used in the last tenth of
+its lifetime (at most 30 s). A failure is logged once, with the command's exit status and the
 redacted, truncated last line of its stderr; while it lasts, a still valid credential goes on
 being used and, once it has expired, reads that need it fail with ``CredentialError`` (``EIO``).
 Success after failures is logged once too.
