@@ -96,11 +96,15 @@ def masked_arguments(args: list[str]) -> list[str]:
 
 def _may_hold_credentials(value: str) -> bool:
     """Inline JSON with a string value anywhere (or not JSON at all): ``{"anon": true}`` holds
-    none."""
+    none, nor do target rules without string options."""
     try:
         stack = [json.loads(value)]
     except ValueError:
         return True
+    if isinstance(stack[0], list) and all(isinstance(r, dict) for r in stack[0]):
+        # targets rules: prefixes and rewrites are places (their passwords are found as in
+        # any URL), options and credential commands may be secrets.
+        stack = [r.get(k) for r in stack[0] for k in ("options", "credentials") if k in r]
     while stack:
         item = stack.pop()
         if isinstance(item, str):

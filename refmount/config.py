@@ -202,7 +202,7 @@ class Rules:
         return rules
 
     def show(self, value: Any) -> str:
-        return f"{len(value)} rules" if value else "none"
+        return f"{len(value)} rule{'' if len(value) == 1 else 's'}" if value else "none"
 
 
 @dataclass(frozen=True)

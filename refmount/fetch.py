@@ -396,8 +396,9 @@ class Fetcher:
         up = [i for i in range(len(route.urls)) if self._down.get((number, i), 0.0) <= now]
         return up + [i for i in range(len(route.urls)) if i not in up]
 
-    def _mark_down(self, route: Route, mirror: int, e: BaseException, then: int | None) -> None:
-        """Remember that a mirror failed; one log line when it was not known to be down."""
+    def _mark_down(self, route: Route, mirror: int, why: str, then: int | None) -> None:
+        """Remember that a mirror failed (``why``); one log line when it was not known to be
+        down (``then``: the mirror read next)."""
         assert route.rule is not None
         key = (route.rule.number, mirror)
         now = trio.current_time()
@@ -406,7 +407,7 @@ class Fetcher:
         if was_up:
             rewrite = route.rule.rewrite
             log.warning("target rule %s: mirror %s failed (%s); %s for %g s",
-                        route.rule.describe(), redact_url(rewrite[mirror]), describe(e),
+                        route.rule.describe(), redact_url(rewrite[mirror]), why,
                         f"reading from mirror {redact_url(rewrite[then])}" if then is not None
                         else "no other mirror left to read from", self.MIRROR_DOWN)
 
@@ -476,23 +477,24 @@ class Fetcher:
                     raise
                 except Exception as e:
                     down = len(urls) > 1 and mirror_down(e)
+                    why = (f"no answer within {per_try:g} s" if isinstance(e, trio.TooSlowError)
+                           else describe(e))
                     if down:
                         then = order[pos + 1] if pos + 1 < len(order) else None
-                        self._mark_down(route, mirror, e, then)
+                        self._mark_down(route, mirror, why, then)
                         if then is not None:  # the next mirror, at once
                             pos += 1
                             continue
                     if attempt >= self.retries:
                         raise FetchError(
-                            url, f"{what}{via()}: {describe(e)} (after {attempt + 1} attempts)"
+                            url, f"{what}{via()}: {why} (after {attempt + 1} attempts)"
                         ) from None
                     attempt += 1
                     self.stats.retries += 1
                     if down:  # every mirror failed: start again from the best one
                         order, pos = self._mirror_order(route), 0
                     delay = min(0.1 * 2 ** (attempt - 1), 2.0) * (0.5 + random.random())
-                    log.debug("retry %d of %s for %s: %s", attempt, what, redact_url(target),
-                              describe(e))
+                    log.debug("retry %d of %s for %s: %s", attempt, what, redact_url(target), why)
                     await trio.sleep(delay)
         assert scope.cancelled_caught
         raise FetchError(url, f"{what}{via()}: timed out after {self.timeout:g} s", errno.EIO,

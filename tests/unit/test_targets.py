@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from refmount.cmdline import masked_arguments, secrets_in
 from refmount.config import ConfigError, MountConfig, apply_options, describe_options
@@ -154,7 +156,7 @@ def test_the_option_takes_inline_json_and_a_file(tmp_path: Path) -> None:
     assert cfg2.targets == raw
     # the start line of the log names the number of rules, never their options
     shown = describe_options(cfg2)
-    assert "targets=1 rules" in shown and SECRET not in shown
+    assert "targets=1 rule," in shown + "," and SECRET not in shown
     # the configuration goes to the daemon as JSON
     assert json.loads(json.dumps(cfg2.targets)) == raw
 
@@ -396,3 +398,40 @@ def test_a_target_climbing_out_of_a_prefix_is_not_matched_by_it() -> None:
     assert r.match("https://pub.org/private/x/../../y.nc") is None
     assert r.match("https://pub.org/private/x/..y.nc").number == 1  # a name, not a segment
     assert r.match("https://odd.org/a/../b/c.nc").number == 3  # ".." of the rule's own prefix
+
+
+_SEGMENTS = st.lists(st.sampled_from(["a", "ab", "b", "..", "x.nc"]), min_size=0, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(prefixes=st.lists(st.tuples(_SEGMENTS, st.booleans()), min_size=1, max_size=6),
+       url=_SEGMENTS)
+def test_matching_is_the_longest_prefix_on_a_segment_boundary(prefixes, url) -> None:
+    """The lookup agrees with the definition: among the prefixes that equal the URL or end
+    where one of its segments ends (with or without the '/'), with no '..' segment after
+    them, the longest."""
+    texts = list(dict.fromkeys("s3://b/" + "/".join(p) + ("/" if slash and p else "")
+                               for p, slash in prefixes))
+    r = rules(*({"prefix": t} for t in texts))
+    target = "s3://b/" + "/".join(url)
+
+    def matches(prefix: str) -> bool:
+        if not target.startswith(prefix):
+            return False
+        if not (len(target) == len(prefix) or prefix.endswith("/") or target[len(prefix)] == "/"):
+            return False
+        return ".." not in target[len(prefix):].split("/")
+
+    want = max((t for t in texts if matches(t)), key=len, default=None)
+    got = r.match(target)
+    assert (got.prefix if got is not None else None) == want
+
+
+def test_rules_without_secret_options_give_no_credentials_warning() -> None:
+    plain = json.dumps([{"prefix": "/glade/", "rewrite": ["https://a.org/", "https://b.org/"],
+                         "options": {"anon": True}}])
+    assert secrets_in(["refmount", "r.json", "/mnt", "-o", f"targets={plain}"]) == []
+    keyed = json.dumps([{"prefix": "s3://b", "options": {"profile": "p"}}])
+    assert secrets_in(["-o", f"targets={keyed}"]) == ["inline remote_options/target_options JSON"]
+    with_password = json.dumps([{"prefix": "/glade/", "rewrite": "https://u:pw@a.org/"}])
+    assert secrets_in(["-o", f"targets={with_password}"]) == ["a password, token or signature"]
