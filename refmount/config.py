@@ -191,12 +191,14 @@ class Rules:
     pytype: str = "list[dict[str, Any]]"
 
     def parse(self, name: str, text: str) -> list[dict[str, Any]]:
-        from .targets import TargetRules, load_rules, unsupported
+        from .credentials import command_problem
+        from .targets import load_rules
 
         rules = load_rules(text, name)
-        problem = unsupported(TargetRules.from_json(rules).rules)
-        if problem is not None:
-            raise ConfigError(problem)
+        for number, rule in enumerate(rules, 1):
+            argv = rule.get("credentials", {}).get("process")
+            if argv and (problem := command_problem(argv)) is not None:
+                raise ConfigError(f"{name}: rule {number}: credentials.process: {problem}")
         return rules
 
     def show(self, value: Any) -> str:
@@ -438,7 +440,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("targets", Rules(), list,
            "rules for targets under a prefix: a list of {\"prefix\", \"rewrite\" (text that "
            "replaces the prefix, or a list of mirrors tried in order), \"options\" (storage "
-           "options merged over remote_options)}; the longest matching prefix wins "
+           "options merged over remote_options), \"credentials\" (a command printing "
+           "options that expire)}; the longest matching prefix wins "
            "(docs/configuration.md#target-rules)"),
     # FUSE and permissions
     Option("allow_other", Flag(), False,

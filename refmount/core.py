@@ -13,7 +13,9 @@ Its lifecycle, driven by whichever process serves it:
 1. ``bind_loop(loop)``: fsspec's async file systems live on the asyncio loop trio runs as a
    guest of (``guestloop``);
 2. ``start(nursery)``: the reader, the decoder and the fetcher run their background work
-   (readahead, merged requests) in the server's nursery, and the idle-time heap trim starts;
+   (readahead, merged requests) in the server's nursery, the target rules' credential
+   processes run (``credentials.py``: the first credentials now, each refreshed before it
+   expires), and the idle-time heap trim starts;
 3. the front end answers (READY);
 4. ``warm()``: the disk cache's writer process starts and the cache directory is listed;
 5. ``aclose()`` on the loop once trio is done (HTTP sessions), then ``close()``: the
@@ -35,6 +37,7 @@ from .cachewriter import CacheWriter
 from .codecplan import DecodedArray
 from .codecworker import CodecWorkers
 from .config import MountConfig
+from .credentials import RuleCredentials
 from .decodedview import DecodedTree, DecodedView
 from .decoder import ChunkDecoder
 from .fetch import Fetcher
@@ -58,7 +61,8 @@ class SetCore:
     def __init__(self, *, stats: Stats, fetcher: Fetcher, reader: RefReader, tree: Tree,
                  disk: DiskCache | None, writer: CacheWriter | None,
                  decoder: ChunkDecoder | None, view: DecodedView | None, metadata: KeyIndex,
-                 mtime_ns: int, info: dict[str, str]) -> None:
+                 mtime_ns: int, info: dict[str, str],
+                 credentials: RuleCredentials | None = None) -> None:
         self.stats = stats
         self.fetcher = fetcher
         self.reader = reader
@@ -70,6 +74,7 @@ class SetCore:
         self.metadata = metadata  # the keys the decoded view and .zmetadata are made from
         self.mtime_ns = mtime_ns
         self.info = info
+        self.credentials = credentials  # the target rules' credential processes, if any
         self._nursery: trio.Nursery | None = None
 
     # ---- what a front end asks -----------------------------------------------------------
@@ -120,6 +125,8 @@ class SetCore:
         if self.decoder is not None:
             self.decoder.attach(nursery)
         self.fetcher.attach(nursery)
+        if self.credentials:
+            nursery.start_soon(self.credentials.run)  # first credentials now, then refreshed
         if trim is not None:
             nursery.start_soon(self._trim_when_idle, trim)
 
@@ -191,6 +198,8 @@ def disk_cache_key(fetcher: Fetcher) -> Callable[[str], str]:
 def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
     """The core of one set from its configuration and prepared index, not yet running."""
     stats = Stats()
+    rules = TargetRules.from_json(cfg.targets)
+    credentials = RuleCredentials(rules.rules, shown=stats.credentials)  # their processes
     fetcher = Fetcher(
         cfg.remote_options,
         target_policy(cfg),
@@ -200,7 +209,8 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
         stats=stats,
         merge_gap=cfg.merge_gap,
         merge_limit=cfg.block_size,
-        rules=TargetRules.from_json(cfg.targets),
+        rules=rules,
+        credentials=credentials if credentials else None,
     )
     disk = writer = None
     if cfg.disk_cache:
@@ -245,4 +255,5 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
         )
     return SetCore(stats=stats, fetcher=fetcher, reader=reader, tree=tree, disk=disk,
                    writer=writer, decoder=decoder, view=view, metadata=opened.metadata,
-                   mtime_ns=opened.mtime_ns, info=info)
+                   mtime_ns=opened.mtime_ns, info=info,
+                   credentials=credentials if credentials else None)

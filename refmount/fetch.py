@@ -32,6 +32,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
 
 from . import localfile
+from .credentials import merge_options
 from .errors import FetchError
 from .inflight import LinkEstimates
 from .lru import LRU
@@ -341,7 +342,7 @@ class Fetcher:
             raise FetchError(rule.prefix, f"target rule {rule.describe()}: credential processes "
                                           "are not supported by this version of refmount")
         generation, fresh = await self._credentials(rule)
-        return generation, {**options, **fresh}
+        return generation, merge_options(options, fresh)
 
     async def _open(self, rule: Rule | None, url: str) -> tuple[AbstractFileSystem, str]:
         """The file system that reads ``url`` (a URL from a route) under ``rule``, and the

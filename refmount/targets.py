@@ -10,8 +10,8 @@ credentials or another endpoint than the rest. A rule says, for targets under a 
   mirrors, tried in order;
 * ``options``: fsspec storage options for those targets, merged over ``remote_options``
   (key by key: a key of the rule replaces the same key of ``remote_options`` whole);
-* ``credentials``: ``{"process": [argv...]}``, a command printing storage options
-  (handled by the fetcher's credential provider; kept here as its argv).
+* ``credentials``: ``{"process": [argv...]}``, a command printing storage options that
+  expire (run and refreshed by ``credentials.py``; kept here as its argv).
 
 Matching is on the target URL as the mount resolves it (a relative path joined to SOURCE's
 directory, ``remote_protocol`` prefixed, ``~`` expanded: ``TargetPolicy.full_url``), for
@@ -30,7 +30,7 @@ Pure: no I/O, no fsspec. The policy (``policy.py``) applies to the rewritten URL
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,15 +250,3 @@ def load_rules(text: str, name: str = "targets") -> list[dict[str, Any]]:
     except RecursionError:
         raise ConfigError(f"{name}: JSON nested too deeply") from None
     return TargetRules(parse_rules(raw)).as_json()
-
-
-def unsupported(rules: Iterable[Rule]) -> str | None:
-    """Why these rules cannot be used by this build (None: they can): a credential process
-    needs a provider given to the fetcher (``Fetcher(credentials=...)``, whose
-    ``_options_for`` asks it for (generation, options)), which this build does not wire."""
-    for r in rules:
-        if r.credentials is not None:
-            return (f"targets: rule {r.number}: \"credentials\" (a credential process) is not "
-                    "supported by this version of refmount; put the storage options in "
-                    "\"options\" or in remote_options=@FILE")
-    return None

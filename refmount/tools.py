@@ -299,6 +299,14 @@ def format_stats(stats: dict[str, Any]) -> str:
     if last:
         target = f" ({last['target']})" if last.get("target") else ""
         rows.append(("last error", f"{last['time']} {last['key']}{target}: {last['reason']}"))
+    for number, c in sorted((stats.get("credentials") or {}).items()):
+        failures = c.get("failures", 0)
+        state = (f"failing ({failures} failed run{'' if failures == 1 else 's'})"
+                 if c.get("failing")
+                 else "ok" if c.get("generation") else "waiting for the first")
+        valid = (f"generation {c['generation']}, valid until {c.get('expiry') or 'further notice'}"
+                 if c.get("generation") else "no credential yet")
+        rows.append((f"credentials, rule {number}", f"{state}: {valid}"))
     if stats.get("log"):
         rows.append(("log", str(stats["log"])))
     return "\n".join(_table(rows, header=False))

@@ -28,7 +28,6 @@ from refmount.targets import (
     load_rules,
     options_for,
     parse_rules,
-    unsupported,
 )
 from refmount.tools import inspect
 
@@ -143,7 +142,6 @@ def test_credentials_are_kept_as_argv() -> None:
     assert rule.credentials == ("/bin/cred", "-p", "x")
     assert TargetRules([rule]).as_json() == [{"prefix": "s3://b",
                                               "credentials": {"process": ["/bin/cred", "-p", "x"]}}]
-    assert unsupported([rule]) is not None and "rule 1" in unsupported([rule])  # type: ignore[operator]
 
 
 def test_the_option_takes_inline_json_and_a_file(tmp_path: Path) -> None:
@@ -167,7 +165,6 @@ def test_the_option_takes_inline_json_and_a_file(tmp_path: Path) -> None:
     ('[{"prefix": "s3://b", "options": {"key": "' + SECRET + '"}', "not valid JSON"),
     ("@/nonexistent/rules.json", "cannot read /nonexistent/rules.json"),
     ('{"prefix": "x"}', "must be a JSON list"),
-    ('[{"prefix": "s3://b", "credentials": {"process": ["/bin/true"]}}]', "not supported"),
     ("[" * 100_000 + "]" * 100_000, "targets"),
 ])
 def test_bad_option_values_are_one_line_without_the_value(value: str, says: str) -> None:
