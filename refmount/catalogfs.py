@@ -314,8 +314,8 @@ def _slot_xattrs(slot: SetSlot, version: SetVersion | None = None) -> dict[bytes
     """A set directory's own xattrs: its state, version, last reload and last error."""
     out = {XATTR_PREFIX + b"set." + k.encode(): str(v).encode() for k, v in slot.describe().items()}
     out[XATTR_PREFIX + b"set.source"] = _redacted(slot.entry.source)
-    if version is not None:
-        out[XATTR_PREFIX + b"set.serving"] = str(version.number).encode()
+    if version is not None and version is not slot.current:  # a replaced version still read
+        out[XATTR_PREFIX + b"set.version"] = str(version.number).encode()
     return out
 
 

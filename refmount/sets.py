@@ -104,7 +104,7 @@ class SetSlot:
     entry: Any
     vid: int  # the version id the front ends show now (reserved before the first open)
     current: SetVersion | None = None
-    versions: int = 0  # versions opened so far
+    versions: int = 0  # versions seen so far (the number of the newest)
     last_used: float = 0.0  # trio.current_time() of the last request
     last_check: float | None = None  # wall time of the last reload check
     last_reload: float | None = None  # wall time a new version was swapped in
@@ -313,11 +313,14 @@ class Sets:
     async def _install(self, slot: SetSlot, opened: Opened) -> SetVersion:
         """Make ``opened`` the slot's current version and start its core."""
         old = slot.current
-        if (old is None and opened.key == slot.last_key) or slot.versions == 0:
-            vid = slot.vid  # the first version, or the same index reopened: same inodes
+        if old is None and opened.key == slot.last_key and slot.versions:
+            vid = slot.vid  # the same index reopened (closed by the bound): the same version
+        elif slot.versions == 0:
+            vid = slot.vid  # the first version: the vid shown before it opened
+            slot.versions = 1
         else:
             vid = next(self._vids)
-        slot.versions += 1
+            slot.versions += 1
         version = SetVersion(vid, slot.versions, slot.name, opened.core, opened.identity, opened.key)
         await self._start(version)
         self._versions[vid] = version
