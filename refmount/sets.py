@@ -117,8 +117,9 @@ class SetSlot:
     def describe(self) -> dict[str, Any]:
         """The slot as ``refmount stats`` shows it."""
         cur = self.current
-        out: dict[str, Any] = {"state": "open" if cur is not None else "closed",
-                               "version": self.versions}
+        out: dict[str, Any] = {"state": "open" if cur is not None else "closed"}
+        if self.versions:
+            out["version"] = self.versions
         if cur is not None:
             out["open_files"] = cur.handles
         if self.last_reload is not None:

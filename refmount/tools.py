@@ -277,7 +277,9 @@ def _set_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("catalogue error", str(stats["catalog_error"])))
     states = stats.get("set_states") or {}
     for name, state in list(states.items())[:SET_ROWS]:
-        text = f"{state.get('state')}, version {state.get('version')}"
+        text = str(state.get("state"))
+        if state.get("version"):
+            text += f", version {state['version']}"
         if state.get("open_files"):
             text += f", {state['open_files']} open files"
         if state.get("last_reload"):
