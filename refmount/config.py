@@ -527,8 +527,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_sets", Int(1, 10_000_000), 100_000,
            "with catalog: most sets a catalogue may name"),
     Option("reload", Seconds(zero=True), 0.0,
-           "with catalog: check the catalogue and its sets for changes every SEC seconds "
-           "(0: off)"),
+           "check SOURCE (with catalog: the catalogue) and every opened set for changes every "
+           "SEC seconds and on SIGUSR1; a changed set is indexed again and swapped in, files "
+           "already open keep reading the old one (0: off; a catalogue is still checked on "
+           "SIGUSR1)"),
     # serving over HTTP (refmount serve)
     Option("listen", Listen(), "127.0.0.1:8080",
            "refmount serve: the address and port to listen on (a non-loopback address "

@@ -300,8 +300,9 @@ class Sets:
         is the slot's error (SetUnavailable)."""
         began = time.monotonic()
         try:
+            # abandoned when cancelled (unmounting): the indexer dies with this process
             opened = await trio.to_thread.run_sync(self._open_set, slot.name, entry,
-                                                   limiter=self._indexing)
+                                                   limiter=self._indexing, abandon_on_cancel=True)
         except Exception as e:
             message = redact_url(str(e) or type(e).__name__)
             slot.error = message
@@ -509,20 +510,11 @@ class Sets:
 
 # ---- the concrete opener: the indexer process and a core ---------------------------------
 
-# Options a catalogue entry may set for its own set: how its SOURCE and targets are read and
-# served, never where the mount may read locally, who may read it, or where it writes.
-SET_OPTIONS = frozenset({
-    "remote_protocol", "remote_options", "target_options", "decode", "max_chunk_bytes",
-    "bad_keys", "timeout", "retries", "max_connections", "merge_gap", "whole_fetch_limit",
-    "block_size", "max_readahead", "max_inline", "max_ratio", "max_key_depth", "max_key_length",
-    "max_nesting", "max_keys", "max_generated", "max_template_seconds", "max_record", "max_source",
-})
-
-
 def set_config(cfg: Any, entry: Any) -> Any:
     """The configuration of one set: the mount's, with the entry's SOURCE and its options
-    (only those of ``SET_OPTIONS``) over it. ConfigError for an option it may not set."""
-    from .config import OPTIONS_BY_NAME, apply_options
+    (only those ``catalog.PER_SET_OPTIONS`` names) over it. ConfigError for another."""
+    from .catalog import PER_SET_OPTIONS
+    from .config import OPTIONS_BY_NAME, Flag, apply_options
     from .errors import ConfigError
     from .urls import is_local, local_path
 
@@ -541,10 +533,11 @@ def set_config(cfg: Any, entry: Any) -> Any:
         out.allow_local = cfg.local_roots()
     options = []
     for name, value in dict(entry.options).items():
-        if name not in SET_OPTIONS:
+        option = OPTIONS_BY_NAME.get(name)
+        if option is None or name not in PER_SET_OPTIONS:
             raise ConfigError(f"set {entry.name!r}: option {name!r} cannot be set per set "
-                              f"(allowed: {', '.join(sorted(SET_OPTIONS))})")
-        options.append(f"{name}={value}" if value not in (None, "", True) else name)
+                              f"(allowed: {', '.join(sorted(PER_SET_OPTIONS))})")
+        options.append(name if isinstance(option.kind, Flag) else f"{name}={value}")
     apply_options(out, options)
     return out
 
