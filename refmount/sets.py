@@ -510,6 +510,9 @@ class Sets:
 
 # ---- the concrete opener: the indexer process and a core ---------------------------------
 
+MIN_SET_MEMORY = 8 * 2**20  # the least memory cache an open set of a catalogue gets
+
+
 def set_config(cfg: Any, entry: Any) -> Any:
     """The configuration of one set: the mount's, with the entry's SOURCE and its options
     (only those ``catalog.PER_SET_OPTIONS`` names) over it. ConfigError for another."""
@@ -526,6 +529,9 @@ def set_config(cfg: Any, entry: Any) -> Any:
         option = OPTIONS_BY_NAME.get(name)
         if option is not None:
             changes[option.attr] = option.default() if callable(option.default) else option.default
+    if getattr(cfg, "catalog", False):  # the memory cache, shared out among the open sets
+        share = cfg.memory_cache_size // max(1, cfg.max_open_sets)
+        changes["memory_cache_size"] = min(cfg.memory_cache_size, max(share, MIN_SET_MEMORY))
     out = dataclasses.replace(cfg, **changes)
     if out.allow_local is None and is_local(cfg.source) and (out.allow_other or out.allow_root
                                                              or out.serving):

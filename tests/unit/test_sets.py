@@ -289,3 +289,21 @@ def test_inode_table_counts_references_and_frees_forgotten_numbers() -> None:
     assert catalogue.inner(ROOT) is None and catalogue.outer(ROOT) != ROOT
     assert VersionInodes(table, 2, root_is_mount=False).inner(y) == 4096
     assert VersionInodes(table, 3, root_is_mount=False).inner(y) is None
+
+
+def test_a_sets_configuration_is_the_mounts_with_its_entrys_options_over_it(tmp_path) -> None:
+    from refmount.catalog import CatalogEntry
+    from refmount.config import MountConfig, apply_options
+    from refmount.errors import ConfigError
+    from refmount.sets import set_config
+
+    cfg = MountConfig(source=str(tmp_path), mountpoint="/mnt", serving=True)
+    apply_options(cfg, ["catalog", "reload=5", "max_open_sets=4", "memory_cache=64M", "timeout=9"])
+    entry = CatalogEntry("a", str(tmp_path / "a.json"), {"decode": "", "timeout": "30"})
+    one = set_config(cfg, entry)
+    assert one.source == str(tmp_path / "a.json") and not one.catalog and one.reload == 0
+    assert one.decode and one.timeout == 30 and cfg.timeout == 9 and not cfg.decode
+    assert one.memory_cache_size == 16 * 2**20  # a quarter: four sets may be open
+    assert one.local_roots() == [str(tmp_path)]  # a server reads beneath the catalogue
+    with pytest.raises(ConfigError, match="allow_local"):
+        set_config(cfg, CatalogEntry("b", "/x.json", {"allow_local": "/"}))
