@@ -15,6 +15,7 @@ import trio
 
 from .config import MountConfig
 from .errors import MountError
+from .indexer import IndexerProcesses
 from .redact import redact_url
 from .refs import IndexFile
 from .reload import Reloader, watch_signals
@@ -78,8 +79,10 @@ class SetMount:
 
     user_signals = True  # SIGUSR1 checks for changes (SIGUSR2 is ignored)
 
-    def __init__(self, cfg: MountConfig, sets: Sets, reloader: Reloader, info: dict[str, str]) -> None:
+    def __init__(self, cfg: MountConfig, sets: Sets, reloader: Reloader, info: dict[str, str],
+                 indexer: IndexerProcesses) -> None:
         self.cfg = cfg
+        self.indexer = indexer
         self.sets = sets
         self.reloader = reloader
         self.info = info
@@ -112,7 +115,7 @@ class SetMount:
         pass  # each version's sessions are closed as it closes (Sets)
 
     def close(self, timeout: float = 5.0) -> None:
-        pass
+        self.indexer.close()  # each version's core was closed as it closed (Sets)
 
 
 def build_sets(cfg: MountConfig, index_file: IndexFile) -> SetMount:
@@ -155,7 +158,9 @@ def build_sets(cfg: MountConfig, index_file: IndexFile) -> SetMount:
         ready = initial.pop(name, None)
         if ready is not None:
             return ready
-        return index_and_build(cfg, entry, identify)
+        return index_and_build(cfg, entry, identify, indexer)
 
+    indexer = IndexerProcesses()
     sets = Sets(entries, open_set=open_set, identify=identify, max_open=cfg.max_open_sets)
-    return SetMount(cfg, sets, Reloader(sets, interval=reload_every, read_catalog=read_again), info)
+    return SetMount(cfg, sets, Reloader(sets, interval=reload_every, read_catalog=read_again), info,
+                    indexer)

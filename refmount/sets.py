@@ -35,11 +35,14 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from .redact import redact_url
+
+if TYPE_CHECKING:
+    from .indexer import IndexerProcesses
 
 log = logging.getLogger(__name__)
 
@@ -548,20 +551,14 @@ def set_config(cfg: Any, entry: Any) -> Any:
     return out
 
 
-def index_and_build(cfg: Any, entry: Any, identify: Identify) -> Opened:
-    """Open one set (blocking): identify its SOURCE, index it in the indexer process (its
+def index_and_build(cfg: Any, entry: Any, identify: Identify, indexer: IndexerProcesses) -> Opened:
+    """Open one set (blocking): identify its SOURCE, index it in an indexer process (its
     persisted index reused when SOURCE is unchanged), map the index into a core."""
     from .core import build_core
-    from .indexer import Indexer
 
     set_cfg = set_config(cfg, entry)
     identity = identify(entry)
-    indexer = Indexer(set_cfg)
-    try:
-        index_file = indexer.result()
-    except BaseException:
-        indexer.kill()
-        raise
+    index_file = indexer.index(set_cfg)
     try:
         core = build_core(set_cfg, index_file)
     finally:

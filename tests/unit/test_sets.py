@@ -307,3 +307,35 @@ def test_a_sets_configuration_is_the_mounts_with_its_entrys_options_over_it(tmp_
     assert one.local_roots() == [str(tmp_path)]  # a server reads beneath the catalogue
     with pytest.raises(ConfigError, match="allow_local"):
         set_config(cfg, CatalogEntry("b", "/x.json", {"allow_local": "/"}))
+
+
+def test_indexer_processes_stay_for_the_next_set_and_say_why_one_failed(tmp_path) -> None:
+    import psutil
+
+    from refmount.config import MountConfig
+    from refmount.indexer import IndexerError, IndexerProcesses
+
+    def indexers() -> list[psutil.Process]:
+        return [p for p in psutil.Process().children()
+                if "refmount.indexer" in " ".join(p.cmdline())]
+
+    sources = []
+    for name, text in (("a", '{"k": "base64:AQ=="}'), ("b", '{"k": "x"}'), ("bad", '{"k": [')):
+        (tmp_path / f"{name}.json").write_text(text)
+        sources.append(MountConfig(source=str(tmp_path / f"{name}.json"), mountpoint="",
+                                   cache_dir=str(tmp_path / "cache")))
+    processes = IndexerProcesses()
+    try:
+        first = processes.index(sources[0])
+        [proc] = indexers()
+        second = processes.index(sources[1])
+        assert indexers() == [proc]  # the same process indexed both
+        assert first.kind == second.kind == "json" and first.path != second.path
+        with pytest.raises(IndexerError, match=r"bad\.json"):
+            processes.index(sources[2])
+        proc.kill()
+        proc.wait(10)
+        assert processes.index(sources[0]).reused  # a new process, the persisted index
+    finally:
+        processes.close()
+    assert indexers() == []
