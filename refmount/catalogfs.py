@@ -223,10 +223,10 @@ class CatalogFS(pyfuse3.Operations, SetEvents):
         version = await self._version(inode)
         async with self.sets.using(version):
             info = await version.front.open(inode, flags, ctx)
+            self.sets.hold(version)  # before the request ends: never closed under the file
         fh = self._next_fh
         self._next_fh += 1
         self._files[fh] = (version, info.fh)
-        self.sets.hold(version)
         info.fh = fh
         return info
 

@@ -151,8 +151,21 @@ def test_single_set_with_reload_sees_its_rewrite(mount, tmp_path) -> None:
     assert stats(m)["set_states"][""]["version"] == 2
 
 
-def test_serve_catalogue_answers_zmetadata_and_chunks_per_set(serve, catalogue, datasets) -> None:
-    s = serve(catalogue, "catalog", f"allow_local={catalogue}:{datasets.data_dir}")
+def stac_item(item_id: str, href: Path, media: str) -> dict:
+    return {"type": "Feature", "stac_version": "1.0.0", "id": item_id, "geometry": None,
+            "properties": {"datetime": "2024-01-01T00:00:00Z"}, "links": [],
+            "assets": {"refs": {"href": str(href), "type": media, "roles": ["references"]}}}
+
+
+def test_serve_stac_catalogue_answers_zmetadata_and_chunks_per_set(serve, catalogue, datasets,
+                                                                    tmp_path) -> None:
+    """A STAC ItemCollection written now, naming the catalogue's three sets."""
+    items = tmp_path / "items.json"
+    items.write_text(json.dumps({"type": "FeatureCollection", "features": [
+        stac_item("nc4", catalogue / "nc4.json", "application/json"),
+        stac_item("nc3", catalogue / "nc3.json.gz", "application/json"),
+        stac_item("pq", catalogue / "pq.parq", "application/vnd.apache.parquet")]}))
+    s = serve(items, "catalog", f"allow_local={catalogue}:{datasets.data_dir}")
     root = json.loads(s.request("GET", "/?format=json").body)
     assert [e["name"] for e in root["entries"]] == ["nc3", "nc4", "pq"]
     assert s.stats()["sets_open"] == 0
@@ -164,3 +177,5 @@ def test_serve_catalogue_answers_zmetadata_and_chunks_per_set(serve, catalogue, 
         assert f.read() == expected[key]
     assert s.request("GET", "/nope/x").status == 404
     assert s.stats()["set_states"]["nc4"]["state"] == "open"
+    group = zarr.open_group(s.url + "pq", mode="r", zarr_format=2)  # fsspec's HTTP file system
+    np.testing.assert_array_equal(group["name"][...], lazy_zarr_parquet_arrays(catalogue)["name"])
