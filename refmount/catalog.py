@@ -530,6 +530,7 @@ def _stac_options(asset: dict[str, Any]) -> dict[str, Any]:
 
 # --- the identity of a set ---------------------------------------------------------------------
 
+DIGEST_BYTES = 64 << 20  # read of a file whose storage gives no stamp, to tell a change
 # What a storage's ``info`` may say that changes with the content (besides the size).
 STAMPS = ("mtime", "ETag", "etag", "Last-Modified", "LastModified", "last_modified", "md5",
           "Content-MD5", "Digest", "generation", "VersionId", "version_id", "created", "ino")
@@ -538,7 +539,9 @@ STAMPS = ("mtime", "ETag", "etag", "Last-Modified", "LastModified", "last_modifi
 def source_identity(source: str, storage_options: dict[str, Any], *, timeout: float) -> str:
     """A short string that changes when the reference set at ``source`` changes: the size
     and modification stamp (mtime, ETag, Last-Modified, version) of its file; for a Parquet
-    reference directory, of its ``.zmetadata`` and of the listing of its record files.
+    reference directory, of its ``.zmetadata`` and of the listing of its record files. A file
+    whose storage gives no stamp (an HTTP server without ``ETag`` or ``Last-Modified``) is
+    known by the digest of its first DIGEST_BYTES.
     OSError (FileNotFoundError when it is gone) or CatalogError when it cannot be read."""
     try:
         if is_local(source):
@@ -601,7 +604,11 @@ def _remote_identity(source: str, options: dict[str, Any]) -> list[Any]:
         except FileNotFoundError:
             meta = None
     if meta is None:
-        return ["file", _stamp(fs.info(path))]
+        info = fs.info(path)
+        stamp = _stamp(info)
+        if set(stamp) <= {"size"}:  # no stamp at all (an HTTP server without validators)
+            stamp["sha256"] = _content_digest(fs, path)
+        return ["file", stamp]
     records: list[Any] = []
     try:
         found = fs.find(path, detail=True)
@@ -613,6 +620,18 @@ def _remote_identity(source: str, options: dict[str, Any]) -> list[Any]:
             continue
         records.append([rel, _stamp(rinfo)])
     return ["parquet", _stamp(meta), records]
+
+
+def _content_digest(fs: Any, path: str) -> str:
+    """The digest of the file's first DIGEST_BYTES (for storage that gives no stamp)."""
+    digest = hashlib.sha256()
+    with fs.open(path, "rb", block_size=0) if fs.protocol[0] in ("http", "https") \
+            else fs.open(path, "rb") as f:
+        left = DIGEST_BYTES
+        while left > 0 and (piece := f.read(min(left, 1 << 20))):
+            digest.update(piece)
+            left -= len(piece)
+    return digest.hexdigest()
 
 
 def _stamp(info: dict[str, Any]) -> dict[str, str]:
