@@ -114,8 +114,10 @@ def name_problem(name: object) -> str | None:
 
 def read_catalog(url: str, storage_options: dict[str, Any], *, max_sets: int, max_bytes: int,
                  timeout: float) -> dict[str, CatalogEntry]:
-    """name -> entry, sorted by name. CatalogError (one line) when CATALOG is not a
-    catalogue, cannot be read, or passes a bound."""
+    """name -> entry, sorted by name. ``max_sets``: most entries (more is an error);
+    ``max_bytes``: most bytes of list and STAC documents read, all together, after
+    decompression (0: no limit); ``timeout``: seconds for each remote call. CatalogError (one
+    line) when CATALOG is not a catalogue, cannot be read, or passes a bound."""
     reader = _Reader(url, dict(storage_options), max_sets, max_bytes, timeout)
     try:
         entries = reader.read()

@@ -386,6 +386,12 @@ def test_huge_list_file(tmp_path: Path) -> None:
     assert "more than 100,000 bytes" in text
 
 
+def test_max_bytes_zero_is_no_limit(tmp_path: Path) -> None:
+    path = write_list(tmp_path / "sets.json", {"sets": {f"s{i}": "a.json" for i in range(100)}})
+    assert len(read(path, max_bytes=0)) == 100
+    assert "bytes" in one_line_error(path, max_bytes=100)
+
+
 def test_compressed_bomb(tmp_path: Path) -> None:
     path = tmp_path / "sets.json.gz"
     path.write_bytes(gzip.compress(b" " * (16 << 20), 1))
