@@ -220,15 +220,11 @@ class _Reader:
             return False
         if protocol(self.url) in ("http", "https") and not is_chained(self.url):
             return self.url.endswith("/")
-        try:
-            info = self.call(fs.info, path)
-        except FileNotFoundError:
-            raise
-        return info.get("type") == "directory"
+        return self.call(fs.info, path).get("type") == "directory"
 
     def read_directory(self, fs: Any, path: str) -> None:
         if self.local:
-            root = local_path(self.url)
+            root = os.path.abspath(local_path(self.url))
             with os.scandir(root) as it:
                 listing = [(e.name, os.path.join(root, e.name), e.is_dir()) for e in it]
         else:
@@ -240,10 +236,16 @@ class _Reader:
                     continue  # some stores list the directory itself
                 listing.append((posixpath.basename(full), fs.unstrip_protocol(full),
                                 info.get("type") == "directory"))
+        probes = 0  # directories asked for a .zmetadata: each may be a set, so max_sets bounds them
         for base, source, is_dir in sorted(listing):
             if base.startswith("."):
                 continue
             if is_dir:
+                probes += 1
+                if probes > self.max_sets:
+                    raise CatalogError(f"{self.url}: more than {self.max_sets:,} directories that "
+                                       "may be Parquet sets (limit max_sets); raise max_sets or "
+                                       "split the catalogue")
                 if not self._is_parquet_dir(fs, source):
                     continue
                 name = base
@@ -460,33 +462,73 @@ def set_options(value: Any, where: str) -> dict[str, str]:
     return out
 
 
+YAML_TRUE = frozenset({"true", "yes", "on"})
+YAML_FALSE = frozenset({"false", "no", "off"})
+YAML_NULL = frozenset({"", "~", "null"})
+
+
 def _load_yaml(data: bytes) -> Any:
-    """A YAML document, safely (no tags) and without aliases (each alias could repeat a
-    subtree: a YAML bomb)."""
+    """One YAML document, built from libyaml's events (PyYAML's resolver and constructor take
+    seconds a megabyte): mappings, sequences and scalars, a plain scalar ``true``/``yes``/
+    ``on`` (``false``/``no``/``off``, ``null``/``~``/empty) read as a boolean (None), every other
+    scalar as text (options are text anyway). Tags are ignored; aliases (a YAML bomb repeats a
+    subtree through them), nesting deeper than MAX_NESTING, keys that are not scalars and a
+    second document are refused."""
     import yaml
 
-    class Loader(yaml.SafeLoader):
-        depth = 0
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    stack: list[tuple[Any, Any]] = []  # (container, pending mapping key or _NO_KEY)
+    root: list[Any] = []
+    documents = 0
 
-        def compose_node(self, parent: Any, index: Any) -> Any:
-            if self.check_event(yaml.AliasEvent):
-                event = self.peek_event()
-                raise CatalogError(f"YAML aliases are not allowed in a catalogue (line "
-                                   f"{event.start_mark.line + 1})")
-            self.depth += 1
-            try:
-                if self.depth > MAX_NESTING:
-                    raise CatalogError(f"nested deeper than {MAX_NESTING} levels")
-                return super().compose_node(parent, index)
-            finally:
-                self.depth -= 1
+    def put(value: Any) -> None:
+        if not stack:
+            root.append(value)
+            return
+        container, key = stack[-1]
+        if isinstance(container, list):
+            container.append(value)
+        elif key is _NO_KEY:
+            if isinstance(value, (dict, list)):
+                raise CatalogError("a YAML mapping key must be a scalar")
+            stack[-1] = (container, "" if value is None else str(value))
+        else:
+            container[key] = value
+            stack[-1] = (container, _NO_KEY)
 
     try:
-        return yaml.load(data, Loader=Loader)  # a SafeLoader: no tags, no objects
+        for event in yaml.parse(data, Loader=loader):
+            if isinstance(event, yaml.ScalarEvent):
+                value: Any = event.value
+                if event.implicit[0] and not event.style:  # plain (libyaml: "", PyYAML: None)
+                    low = value.lower()
+                    value = (True if low in YAML_TRUE else False if low in YAML_FALSE
+                             else None if low in YAML_NULL else value)
+                put(value)
+            elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                if len(stack) >= MAX_NESTING:
+                    raise CatalogError(f"nested deeper than {MAX_NESTING} levels (line "
+                                       f"{event.start_mark.line + 1})")
+                container: Any = {} if isinstance(event, yaml.MappingStartEvent) else []
+                put(container)
+                stack.append((container, _NO_KEY))
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                stack.pop()
+            elif isinstance(event, yaml.AliasEvent):
+                raise CatalogError(f"YAML aliases are not allowed in a catalogue (line "
+                                   f"{event.start_mark.line + 1})")
+            elif isinstance(event, yaml.DocumentStartEvent):
+                documents += 1
+                if documents > 1:
+                    raise CatalogError("more than one YAML document")
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise CatalogError(f"not valid YAML{where}") from None
+    return root[0] if root else None
+
+
+_NO_KEY = object()  # a mapping waiting for its next key
 
 
 def _is_stac(doc: dict[str, Any]) -> bool:

@@ -139,6 +139,22 @@ def test_directory_too_many_sets(tmp_path: Path) -> None:
     assert "more than 5 reference sets" in text and "max_sets" in text
 
 
+def test_directory_probes_bounded(tmp_path: Path) -> None:
+    """Each subdirectory is asked for a .zmetadata: max_sets bounds those questions too."""
+    cat = tmp_path / "cat"
+    for i in range(4):
+        (cat / f"d{i}").mkdir(parents=True)
+    assert read(cat, max_sets=4) == {}
+    assert "more than 3 directories" in one_line_error(cat, max_sets=3)
+
+
+def test_relative_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "a.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert read("cat")["a"].source == str(tmp_path / "cat" / "a.json")
+
+
 def test_missing_catalogue(tmp_path: Path) -> None:
     assert "no such file or directory" in one_line_error(tmp_path / "nothing")
 
@@ -404,11 +420,45 @@ def test_deep_json(tmp_path: Path) -> None:
     assert "not valid JSON" in one_line_error(path, max_bytes=1 << 20)
 
 
-def test_deep_yaml(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("depth", "message"), [
+    (200, "nested deeper than 64 levels"),
+    (5_000, "not valid YAML"),  # libyaml's own bound (1000)
+])
+def test_deep_yaml(tmp_path: Path, depth: int, message: str) -> None:
     path = tmp_path / "sets.yaml"
-    path.write_text("sets: " + "[" * 1_000 + "]" * 1_000 + "\n")
-    text = one_line_error(path, max_bytes=1 << 20)
-    assert "nested deeper than 64 levels" in text
+    path.write_text("sets: " + "[" * depth + "]" * depth + "\n")
+    assert message in one_line_error(path, max_bytes=1 << 20)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("a: 1\n---\nsets: {{}}\n", "more than one YAML document"),
+    ("? [1]\n: 2\n", "a YAML mapping key must be a scalar"),
+    ("sets: !!python/object/apply:os.system ['touch {marker}']\n", '"sets" must map names'),
+])
+def test_yaml_refusals(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "sets.yml"
+    marker = tmp_path / "ran"
+    path.write_text(text.format(marker=marker))
+    assert message in one_line_error(path)
+    assert not marker.exists()  # tags are never constructed
+
+
+def test_yaml_scalars(tmp_path: Path) -> None:
+    """Plain true/false are booleans (flags), numbers are text, quoted text stays text."""
+    path = tmp_path / "sets.yaml"
+    path.write_text("sets:\n"
+                    "  2020: a.json\n"
+                    "  b: {source: b.json, options: {decode: yes, timeout: 3.5}}\n"
+                    "  c: {source: c.json, options: {decode: off, bad_keys: 'skip'}}\n"
+                    "  d: {source: d.json, options: {decode: 'true'}}\n")
+    with pytest.raises(CatalogError, match="option 'decode' takes no value"):
+        read(path)
+    path.write_text(path.read_text().replace("  d: {source: d.json, options: {decode: 'true'}}\n",
+                                             ""))
+    entries = read(path)
+    assert list(entries) == ["2020", "b", "c"]
+    assert entries["b"].options == {"decode": "", "timeout": "3.5"}
+    assert entries["c"].options == {"bad_keys": "skip"}
 
 
 def test_too_many_sets_in_a_list(tmp_path: Path) -> None:
