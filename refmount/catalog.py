@@ -135,6 +135,10 @@ def read_catalog(url: str, storage_options: dict[str, Any], *, max_sets: int, ma
         raise CatalogError(redact_url(f"{url}: cannot read ({e.strerror or e})")) from None
     except ImportError as e:
         raise CatalogError(f"{redact_url(url)}: missing support for this URL ({e})") from None
+    except Exception as e:  # a storage library's own errors (aiohttp's 403, botocore's, ...)
+        text = str(e).splitlines()[0] if str(e) else ""
+        raise CatalogError(redact_url(f"{url}: cannot read ({type(e).__name__}: {text})")) \
+            from None
     return dict(sorted(entries.items()))
 
 
@@ -223,6 +227,9 @@ class _Reader:
         return self.call(fs.info, path).get("type") == "directory"
 
     def read_directory(self, fs: Any, path: str) -> None:
+        if self._is_parquet_dir(fs, self.url):
+            raise CatalogError(f"{self.url}: is one Parquet reference set, not a catalogue: "
+                               "mount it without -o catalog")
         if self.local:
             root = os.path.abspath(local_path(self.url))
             with os.scandir(root) as it:
@@ -261,7 +268,7 @@ class _Reader:
 
     def _is_parquet_dir(self, fs: Any, source: str) -> bool:
         if self.local:
-            return os.path.isfile(os.path.join(source, ".zmetadata"))
+            return os.path.isfile(os.path.join(local_path(source), ".zmetadata"))
         _, path = url_to_fs(source, **self.options)
         return bool(self.call(fs.isfile, path.rstrip("/") + "/.zmetadata"))
 
@@ -654,10 +661,10 @@ def _remote_identity(source: str, options: dict[str, Any]) -> list[Any]:
             stamp["sha256"] = _content_digest(fs, path)
         return ["file", stamp]
     records: list[Any] = []
-    try:
-        found = fs.find(path, detail=True)
-    except (FileNotFoundError, NotImplementedError):
-        found = {}
+    # HTTP has no listing (a server's HTML index, where there is one, is not a contract):
+    # there, the set is known by its .zmetadata alone.
+    http = protocol(source) in ("http", "https") and not is_chained(source)
+    found = {} if http else fs.find(path, detail=True)
     for name, rinfo in sorted(found.items()):
         rel = name[len(path):].lstrip("/")
         if rel == ".zmetadata":

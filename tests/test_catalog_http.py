@@ -81,7 +81,7 @@ def test_http_identity_changes(served) -> None:
     os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000_000))
     os.rename(tmp, path)
     assert source_identity(f"{url}/cat/a.json", {}, timeout=10.0) != first
-    # a Parquet directory over HTTP: its .zmetadata (no listing of record files there)
+    # a Parquet directory over HTTP (no listing there): its .zmetadata
     run = source_identity(f"{url}/cat/run.parq", {}, timeout=10.0)
     meta = root / "cat" / "run.parq" / ".zmetadata"
     st = meta.stat()
@@ -89,6 +89,13 @@ def test_http_identity_changes(served) -> None:
     assert source_identity(f"{url}/cat/run.parq", {}, timeout=10.0) != run
     with pytest.raises(FileNotFoundError):
         source_identity(f"{url}/cat/gone.json", {}, timeout=10.0)
+
+
+def test_http_directory_without_listing(served) -> None:
+    """nginx answers 403 for a directory it does not list: one line, no traceback."""
+    _root, url = served
+    with pytest.raises(CatalogError, match=r"/lists/: cannot read \(.*403"):
+        read_catalog(f"{url}/lists/", {}, **BOUNDS)
 
 
 def test_http_identity_without_validators(tmp_path: Path) -> None:

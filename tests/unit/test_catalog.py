@@ -155,6 +155,11 @@ def test_relative_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert read("cat")["a"].source == str(tmp_path / "cat" / "a.json")
 
 
+def test_one_parquet_set_is_not_a_catalogue(tmp_path: Path) -> None:
+    tiny_parquet(tmp_path / "run.parq", tmp_path / "pdata")
+    assert "mount it without -o catalog" in one_line_error(tmp_path / "run.parq")
+
+
 def test_missing_catalogue(tmp_path: Path) -> None:
     assert "no such file or directory" in one_line_error(tmp_path / "nothing")
 
