@@ -196,6 +196,7 @@ class _Reader:
 
     def read(self) -> dict[str, CatalogEntry]:
         fs, path = url_to_fs(self.url, **self.options)
+        fs.invalidate_cache(path)  # a listing the file system keeps would hide a change
         if self._is_directory(fs, path):
             self.read_directory(fs, path)
             return self.entries

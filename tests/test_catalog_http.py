@@ -1,6 +1,7 @@
-"""Catalogues and set identities over HTTP, without a mount: nginx serving a directory of sets
-(its autoindex listing), a list file and a STAC Collection, and the ETag/Last-Modified that tell
-a changed set; a server that does not answer (the fault-injecting server) within ``timeout``."""
+"""Catalogues and set identities over HTTP and S3, without a mount: nginx serving a directory of
+sets (its autoindex listing), a list file and a STAC Collection, and the ETag/Last-Modified that
+tell a changed set; a server that does not answer (the fault-injecting server) within
+``timeout``; a directory catalogue in moto's S3, whose listings s3fs caches."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.faultserver import FaultServer
 from support.refsets import tiny_json, tiny_parquet
-from support.servers import NginxServer
+from support.servers import NginxServer, moto_s3
 
 from refmount.catalog import CatalogError, read_catalog, source_identity
 
@@ -121,3 +122,27 @@ def test_http_silent_server_times_out(tmp_path: Path) -> None:
             source_identity(srv.url_for("a.json"), {}, timeout=1.0)
         assert time.monotonic() - t0 < 10
 
+
+
+def test_s3_directory_and_identity() -> None:
+    """s3fs keeps listings: the identity of a set must still see it change."""
+    import s3fs
+
+    objects = {"cat/sets/a.json": b"{}", "cat/sets/run.parq/.zmetadata": b"{}",
+               "cat/sets/run.parq/x/refs.0.parq": b"PAR1", "cat/sets/notes.txt": b"x"}
+    with moto_s3(objects) as endpoint:
+        options = {"key": "test", "secret": "test",
+                   "client_kwargs": {"endpoint_url": endpoint, "region_name": "eu-west-1"}}
+        entries = read_catalog("s3://cat/sets/", options, **BOUNDS)
+        assert {n: e.source for n, e in entries.items()} == {
+            "a": "s3://cat/sets/a.json", "run": "s3://cat/sets/run.parq"}
+        writer = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+        writer.pipe("cat/sets/b.json", b"{}")  # a new set: the catalogue is listed again
+        assert list(read_catalog("s3://cat/sets/", options, **BOUNDS)) == ["a", "b", "run"]
+        a = source_identity("s3://cat/sets/a.json", options, timeout=10.0)
+        run = source_identity("s3://cat/sets/run.parq", options, timeout=10.0)
+        assert source_identity("s3://cat/sets/a.json", options, timeout=10.0) == a
+        writer.pipe("cat/sets/a.json", b"[]")  # the same size
+        writer.pipe("cat/sets/run.parq/x/refs.1.parq", b"PAR1")
+        assert source_identity("s3://cat/sets/a.json", options, timeout=10.0) != a
+        assert source_identity("s3://cat/sets/run.parq", options, timeout=10.0) != run
