@@ -104,7 +104,11 @@ def name_problem(name: object) -> str | None:
         return "contains '/'"
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
         return "contains a control character"
-    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a file name's undecodable bytes, as os.fsdecode keeps them
+        return "not UTF-8"
+    if size > MAX_NAME_BYTES:
         return f"longer than {MAX_NAME_BYTES} bytes"
     return None
 
@@ -603,11 +607,7 @@ def source_identity(source: str, storage_options: dict[str, Any], *, timeout: fl
                            dict(storage_options))
     except SourceTimeout as e:
         raise CatalogError(str(e)) from None
-    except (FileNotFoundError, PermissionError):
-        raise
-    except OSError:
-        raise
-    except CatalogError:
+    except (OSError, CatalogError):
         raise
     except Exception as e:  # a backend's own errors (bad URL, missing module, ...)
         raise CatalogError(redact_url(f"{source}: cannot tell whether it changed "

@@ -124,9 +124,10 @@ def test_directory_bad_name_skipped(tmp_path: Path, set_dir: Path, caplog) -> No
     cat.mkdir()
     shutil.copy(set_dir / "refs.json", cat / "good.json")
     shutil.copy(set_dir / "refs.json", cat / "bad\nname.json")
+    shutil.copy(set_dir / "refs.json", os.fsdecode(bytes(cat) + b"/\xff.json"))
     with caplog.at_level(logging.WARNING, logger="refmount.catalog"):
         assert list(read(cat)) == ["good"]
-    assert "control character" in caplog.text
+    assert "control character" in caplog.text and "not UTF-8" in caplog.text
 
 
 def test_directory_too_many_sets(tmp_path: Path) -> None:
@@ -485,7 +486,7 @@ def test_credentials_not_echoed(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("name", "ok"), [
     ("era5", True), ("a b", True), ("é", True), ("x" * 255, True), (".hidden", True),
     ("x" * 256, False), ("é" * 128, False), ("", False), (".", False), ("..", False),
-    ("a/b", False), ("a\x00b", False), ("a\nb", False), (5, False),
+    ("a/b", False), ("a\x00b", False), ("a\nb", False), (5, False), ("\udcff", False),
 ])
 def test_name_problem(name: Any, ok: bool) -> None:
     assert (name_problem(name) is None) == ok
