@@ -74,6 +74,7 @@ STAC_JSON_TYPES = frozenset({"application/json", "application/x-json", "text/jso
 STAC_PARQUET_TYPES = frozenset({"application/x-parquet", "application/vnd.apache.parquet",
                                 "application/parquet"})
 MAX_NAME_BYTES = 255
+ZARR_KEYS = (".zgroup", ".zattrs", ".zarray", ".zmetadata")  # a reference set's, not a catalogue's
 MAX_NESTING = 64  # of a YAML list file (a JSON one is orjson's: 1024)
 
 
@@ -211,8 +212,8 @@ class _Reader:
             self.read_stac(doc, self.url)
         else:
             hint = ""
-            if isinstance(doc, dict) and ("refs" in doc or "version" in doc or ".zgroup" in doc
-                                          or ".zattrs" in doc):
+            if isinstance(doc, dict) and ("refs" in doc or "version" in doc or any(
+                    str(k).endswith(ZARR_KEYS) for k in doc)):
                 hint = " (it looks like one reference set: mount it without -o catalog)"
             raise CatalogError(
                 f"{self.url}: not a catalogue: expected a directory of reference sets, a list "
@@ -285,7 +286,11 @@ class _Reader:
                 return _load_yaml(data)
             return orjson.loads(data)
         except orjson.JSONDecodeError as e:
-            raise CatalogError(f"{url}: not valid JSON ({str(e).splitlines()[0]})") from None
+            hint = ""
+            if data.lstrip()[:1] == b"<" and not url.endswith("/"):
+                hint = "; an HTML page: for a server's directory listing, end the URL with /"
+            raise CatalogError(f"{url}: not valid JSON ({str(e).splitlines()[0]}){hint}") \
+                from None
         except RecursionError:
             raise CatalogError(f"{url}: nested too deeply") from None
         except CatalogError as e:

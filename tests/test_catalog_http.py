@@ -99,6 +99,12 @@ def test_http_directory_without_listing(served) -> None:
         read_catalog(f"{url}/lists/", {}, **BOUNDS)
 
 
+def test_http_listing_without_its_slash(served) -> None:
+    _root, url = served
+    with pytest.raises(CatalogError, match="end the URL with /"):
+        read_catalog(f"{url}/cat", {}, **BOUNDS)
+
+
 def test_http_identity_without_validators(tmp_path: Path) -> None:
     """A server that sends neither ETag nor Last-Modified: the content tells the change."""
     with FaultServer(tmp_path) as srv:

@@ -286,7 +286,9 @@ def test_per_set_options_are_options() -> None:
     ({"sets": {"a": {"source": "a.json", "extra": 1}}}, "unknown field 'extra'"),
     ({"sets": {"a": "x\x00.json"}}, "NUL"),
     ({"refs": {}, "version": 1}, "mount it without -o catalog"),
-    ({".zgroup": "{}"}, "not a catalogue"),
+    ({".zgroup": "{}"}, "mount it without -o catalog"),
+    ({"temp/.zarray": "{}", "temp/0": ["a.nc", 0, 4]}, "mount it without -o catalog"),
+    ({"type": "Feature"}, "not a catalogue"),
     ([1, 2], "not a catalogue"),
 ])
 def test_list_file_malformed(tmp_path: Path, doc: Any, message: str) -> None:
