@@ -74,6 +74,7 @@ STAC_JSON_TYPES = frozenset({"application/json", "application/x-json", "text/jso
 STAC_PARQUET_TYPES = frozenset({"application/x-parquet", "application/vnd.apache.parquet",
                                 "application/parquet"})
 MAX_NAME_BYTES = 255
+ZARR_KEYS = (".zgroup", ".zattrs", ".zarray", ".zmetadata")  # a reference set's, not a catalogue's
 MAX_NESTING = 64  # of a YAML list file (a JSON one is orjson's: 1024)
 
 
@@ -104,7 +105,11 @@ def name_problem(name: object) -> str | None:
         return "contains '/'"
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
         return "contains a control character"
-    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a file name's undecodable bytes, as os.fsdecode keeps them
+        return "not UTF-8"
+    if size > MAX_NAME_BYTES:
         return f"longer than {MAX_NAME_BYTES} bytes"
     return None
 
@@ -114,8 +119,10 @@ def name_problem(name: object) -> str | None:
 
 def read_catalog(url: str, storage_options: dict[str, Any], *, max_sets: int, max_bytes: int,
                  timeout: float) -> dict[str, CatalogEntry]:
-    """name -> entry, sorted by name. CatalogError (one line) when CATALOG is not a
-    catalogue, cannot be read, or passes a bound."""
+    """name -> entry, sorted by name. ``max_sets``: most entries (more is an error);
+    ``max_bytes``: most bytes of list and STAC documents read, all together, after
+    decompression (0: no limit); ``timeout``: seconds for each remote call. CatalogError (one
+    line) when CATALOG is not a catalogue, cannot be read, or passes a bound."""
     reader = _Reader(url, dict(storage_options), max_sets, max_bytes, timeout)
     try:
         entries = reader.read()
@@ -133,6 +140,10 @@ def read_catalog(url: str, storage_options: dict[str, Any], *, max_sets: int, ma
         raise CatalogError(redact_url(f"{url}: cannot read ({e.strerror or e})")) from None
     except ImportError as e:
         raise CatalogError(f"{redact_url(url)}: missing support for this URL ({e})") from None
+    except Exception as e:  # a storage library's own errors (aiohttp's 403, botocore's, ...)
+        text = str(e).splitlines()[0] if str(e) else ""
+        raise CatalogError(redact_url(f"{url}: cannot read ({type(e).__name__}: {text})")) \
+            from None
     return dict(sorted(entries.items()))
 
 
@@ -190,6 +201,7 @@ class _Reader:
 
     def read(self) -> dict[str, CatalogEntry]:
         fs, path = url_to_fs(self.url, **self.options)
+        fs.invalidate_cache(path)  # a listing the file system keeps would hide a change
         if self._is_directory(fs, path):
             self.read_directory(fs, path)
             return self.entries
@@ -200,8 +212,8 @@ class _Reader:
             self.read_stac(doc, self.url)
         else:
             hint = ""
-            if isinstance(doc, dict) and ("refs" in doc or "version" in doc or ".zgroup" in doc
-                                          or ".zattrs" in doc):
+            if isinstance(doc, dict) and ("refs" in doc or "version" in doc or any(
+                    str(k).endswith(ZARR_KEYS) for k in doc)):
                 hint = " (it looks like one reference set: mount it without -o catalog)"
             raise CatalogError(
                 f"{self.url}: not a catalogue: expected a directory of reference sets, a list "
@@ -218,15 +230,14 @@ class _Reader:
             return False
         if protocol(self.url) in ("http", "https") and not is_chained(self.url):
             return self.url.endswith("/")
-        try:
-            info = self.call(fs.info, path)
-        except FileNotFoundError:
-            raise
-        return info.get("type") == "directory"
+        return self.call(fs.info, path).get("type") == "directory"
 
     def read_directory(self, fs: Any, path: str) -> None:
+        if self._is_parquet_dir(fs, self.url):
+            raise CatalogError(f"{self.url}: is one Parquet reference set, not a catalogue: "
+                               "mount it without -o catalog")
         if self.local:
-            root = local_path(self.url)
+            root = os.path.abspath(local_path(self.url))
             with os.scandir(root) as it:
                 listing = [(e.name, os.path.join(root, e.name), e.is_dir()) for e in it]
         else:
@@ -238,10 +249,16 @@ class _Reader:
                     continue  # some stores list the directory itself
                 listing.append((posixpath.basename(full), fs.unstrip_protocol(full),
                                 info.get("type") == "directory"))
+        probes = 0  # directories asked for a .zmetadata: each may be a set, so max_sets bounds them
         for base, source, is_dir in sorted(listing):
             if base.startswith("."):
                 continue
             if is_dir:
+                probes += 1
+                if probes > self.max_sets:
+                    raise CatalogError(f"{self.url}: more than {self.max_sets:,} directories that "
+                                       "may be Parquet sets (limit max_sets); raise max_sets or "
+                                       "split the catalogue")
                 if not self._is_parquet_dir(fs, source):
                     continue
                 name = base
@@ -257,7 +274,7 @@ class _Reader:
 
     def _is_parquet_dir(self, fs: Any, source: str) -> bool:
         if self.local:
-            return os.path.isfile(os.path.join(source, ".zmetadata"))
+            return os.path.isfile(os.path.join(local_path(source), ".zmetadata"))
         _, path = url_to_fs(source, **self.options)
         return bool(self.call(fs.isfile, path.rstrip("/") + "/.zmetadata"))
 
@@ -269,7 +286,11 @@ class _Reader:
                 return _load_yaml(data)
             return orjson.loads(data)
         except orjson.JSONDecodeError as e:
-            raise CatalogError(f"{url}: not valid JSON ({str(e).splitlines()[0]})") from None
+            hint = ""
+            if data.lstrip()[:1] == b"<" and not url.endswith("/"):
+                hint = "; an HTML page: for a server's directory listing, end the URL with /"
+            raise CatalogError(f"{url}: not valid JSON ({str(e).splitlines()[0]}){hint}") \
+                from None
         except RecursionError:
             raise CatalogError(f"{url}: nested too deeply") from None
         except CatalogError as e:
@@ -458,33 +479,73 @@ def set_options(value: Any, where: str) -> dict[str, str]:
     return out
 
 
+YAML_TRUE = frozenset({"true", "yes", "on"})
+YAML_FALSE = frozenset({"false", "no", "off"})
+YAML_NULL = frozenset({"", "~", "null"})
+
+
 def _load_yaml(data: bytes) -> Any:
-    """A YAML document, safely (no tags) and without aliases (each alias could repeat a
-    subtree: a YAML bomb)."""
+    """One YAML document, built from libyaml's events (PyYAML's resolver and constructor take
+    seconds a megabyte): mappings, sequences and scalars, a plain scalar ``true``/``yes``/
+    ``on`` (``false``/``no``/``off``, ``null``/``~``/empty) read as a boolean (None), every other
+    scalar as text (options are text anyway). Tags are ignored; aliases (a YAML bomb repeats a
+    subtree through them), nesting deeper than MAX_NESTING, keys that are not scalars and a
+    second document are refused."""
     import yaml
 
-    class Loader(yaml.SafeLoader):
-        depth = 0
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    stack: list[tuple[Any, Any]] = []  # (container, pending mapping key or _NO_KEY)
+    root: list[Any] = []
+    documents = 0
 
-        def compose_node(self, parent: Any, index: Any) -> Any:
-            if self.check_event(yaml.AliasEvent):
-                event = self.peek_event()
-                raise CatalogError(f"YAML aliases are not allowed in a catalogue (line "
-                                   f"{event.start_mark.line + 1})")
-            self.depth += 1
-            try:
-                if self.depth > MAX_NESTING:
-                    raise CatalogError(f"nested deeper than {MAX_NESTING} levels")
-                return super().compose_node(parent, index)
-            finally:
-                self.depth -= 1
+    def put(value: Any) -> None:
+        if not stack:
+            root.append(value)
+            return
+        container, key = stack[-1]
+        if isinstance(container, list):
+            container.append(value)
+        elif key is _NO_KEY:
+            if isinstance(value, (dict, list)):
+                raise CatalogError("a YAML mapping key must be a scalar")
+            stack[-1] = (container, "" if value is None else str(value))
+        else:
+            container[key] = value
+            stack[-1] = (container, _NO_KEY)
 
     try:
-        return yaml.load(data, Loader=Loader)  # a SafeLoader: no tags, no objects
+        for event in yaml.parse(data, Loader=loader):
+            if isinstance(event, yaml.ScalarEvent):
+                value: Any = event.value
+                if event.implicit[0] and not event.style:  # plain (libyaml: "", PyYAML: None)
+                    low = value.lower()
+                    value = (True if low in YAML_TRUE else False if low in YAML_FALSE
+                             else None if low in YAML_NULL else value)
+                put(value)
+            elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                if len(stack) >= MAX_NESTING:
+                    raise CatalogError(f"nested deeper than {MAX_NESTING} levels (line "
+                                       f"{event.start_mark.line + 1})")
+                container: Any = {} if isinstance(event, yaml.MappingStartEvent) else []
+                put(container)
+                stack.append((container, _NO_KEY))
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                stack.pop()
+            elif isinstance(event, yaml.AliasEvent):
+                raise CatalogError(f"YAML aliases are not allowed in a catalogue (line "
+                                   f"{event.start_mark.line + 1})")
+            elif isinstance(event, yaml.DocumentStartEvent):
+                documents += 1
+                if documents > 1:
+                    raise CatalogError("more than one YAML document")
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise CatalogError(f"not valid YAML{where}") from None
+    return root[0] if root else None
+
+
+_NO_KEY = object()  # a mapping waiting for its next key
 
 
 def _is_stac(doc: dict[str, Any]) -> bool:
@@ -530,6 +591,7 @@ def _stac_options(asset: dict[str, Any]) -> dict[str, Any]:
 
 # --- the identity of a set ---------------------------------------------------------------------
 
+DIGEST_BYTES = 64 << 20  # read of a file whose storage gives no stamp, to tell a change
 # What a storage's ``info`` may say that changes with the content (besides the size).
 STAMPS = ("mtime", "ETag", "etag", "Last-Modified", "LastModified", "last_modified", "md5",
           "Content-MD5", "Digest", "generation", "VersionId", "version_id", "created", "ino")
@@ -538,7 +600,9 @@ STAMPS = ("mtime", "ETag", "etag", "Last-Modified", "LastModified", "last_modifi
 def source_identity(source: str, storage_options: dict[str, Any], *, timeout: float) -> str:
     """A short string that changes when the reference set at ``source`` changes: the size
     and modification stamp (mtime, ETag, Last-Modified, version) of its file; for a Parquet
-    reference directory, of its ``.zmetadata`` and of the listing of its record files.
+    reference directory, of its ``.zmetadata`` and of the listing of its record files. A file
+    whose storage gives no stamp (an HTTP server without ``ETag`` or ``Last-Modified``) is
+    known by the digest of its first DIGEST_BYTES.
     OSError (FileNotFoundError when it is gone) or CatalogError when it cannot be read."""
     try:
         if is_local(source):
@@ -548,11 +612,7 @@ def source_identity(source: str, storage_options: dict[str, Any], *, timeout: fl
                            dict(storage_options))
     except SourceTimeout as e:
         raise CatalogError(str(e)) from None
-    except (FileNotFoundError, PermissionError):
-        raise
-    except OSError:
-        raise
-    except CatalogError:
+    except (OSError, CatalogError):
         raise
     except Exception as e:  # a backend's own errors (bad URL, missing module, ...)
         raise CatalogError(redact_url(f"{source}: cannot tell whether it changed "
@@ -601,18 +661,34 @@ def _remote_identity(source: str, options: dict[str, Any]) -> list[Any]:
         except FileNotFoundError:
             meta = None
     if meta is None:
-        return ["file", _stamp(fs.info(path))]
+        info = fs.info(path)
+        stamp = _stamp(info)
+        if set(stamp) <= {"size"}:  # no stamp at all (an HTTP server without validators)
+            stamp["sha256"] = _content_digest(fs, path)
+        return ["file", stamp]
     records: list[Any] = []
-    try:
-        found = fs.find(path, detail=True)
-    except (FileNotFoundError, NotImplementedError):
-        found = {}
+    # HTTP has no listing (a server's HTML index, where there is one, is not a contract):
+    # there, the set is known by its .zmetadata alone.
+    http = protocol(source) in ("http", "https") and not is_chained(source)
+    found = {} if http else fs.find(path, detail=True)
     for name, rinfo in sorted(found.items()):
         rel = name[len(path):].lstrip("/")
         if rel == ".zmetadata":
             continue
         records.append([rel, _stamp(rinfo)])
     return ["parquet", _stamp(meta), records]
+
+
+def _content_digest(fs: Any, path: str) -> str:
+    """The digest of the file's first DIGEST_BYTES (for storage that gives no stamp)."""
+    digest = hashlib.sha256()
+    with fs.open(path, "rb", block_size=0) if fs.protocol[0] in ("http", "https") \
+            else fs.open(path, "rb") as f:
+        left = DIGEST_BYTES
+        while left > 0 and (piece := f.read(min(left, 1 << 20))):
+            digest.update(piece)
+            left -= len(piece)
+    return digest.hexdigest()
 
 
 def _stamp(info: dict[str, Any]) -> dict[str, str]:

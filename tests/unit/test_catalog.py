@@ -124,9 +124,10 @@ def test_directory_bad_name_skipped(tmp_path: Path, set_dir: Path, caplog) -> No
     cat.mkdir()
     shutil.copy(set_dir / "refs.json", cat / "good.json")
     shutil.copy(set_dir / "refs.json", cat / "bad\nname.json")
+    shutil.copy(set_dir / "refs.json", os.fsdecode(bytes(cat) + b"/\xff.json"))
     with caplog.at_level(logging.WARNING, logger="refmount.catalog"):
         assert list(read(cat)) == ["good"]
-    assert "control character" in caplog.text
+    assert "control character" in caplog.text and "not UTF-8" in caplog.text
 
 
 def test_directory_too_many_sets(tmp_path: Path) -> None:
@@ -137,6 +138,27 @@ def test_directory_too_many_sets(tmp_path: Path) -> None:
     assert len(read(cat, max_sets=6)) == 6
     text = one_line_error(cat, max_sets=5)
     assert "more than 5 reference sets" in text and "max_sets" in text
+
+
+def test_directory_probes_bounded(tmp_path: Path) -> None:
+    """Each subdirectory is asked for a .zmetadata: max_sets bounds those questions too."""
+    cat = tmp_path / "cat"
+    for i in range(4):
+        (cat / f"d{i}").mkdir(parents=True)
+    assert read(cat, max_sets=4) == {}
+    assert "more than 3 directories" in one_line_error(cat, max_sets=3)
+
+
+def test_relative_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "a.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert read("cat")["a"].source == str(tmp_path / "cat" / "a.json")
+
+
+def test_one_parquet_set_is_not_a_catalogue(tmp_path: Path) -> None:
+    tiny_parquet(tmp_path / "run.parq", tmp_path / "pdata")
+    assert "mount it without -o catalog" in one_line_error(tmp_path / "run.parq")
 
 
 def test_missing_catalogue(tmp_path: Path) -> None:
@@ -264,7 +286,9 @@ def test_per_set_options_are_options() -> None:
     ({"sets": {"a": {"source": "a.json", "extra": 1}}}, "unknown field 'extra'"),
     ({"sets": {"a": "x\x00.json"}}, "NUL"),
     ({"refs": {}, "version": 1}, "mount it without -o catalog"),
-    ({".zgroup": "{}"}, "not a catalogue"),
+    ({".zgroup": "{}"}, "mount it without -o catalog"),
+    ({"temp/.zarray": "{}", "temp/0": ["a.nc", 0, 4]}, "mount it without -o catalog"),
+    ({"type": "Feature"}, "not a catalogue"),
     ([1, 2], "not a catalogue"),
 ])
 def test_list_file_malformed(tmp_path: Path, doc: Any, message: str) -> None:
@@ -386,6 +410,12 @@ def test_huge_list_file(tmp_path: Path) -> None:
     assert "more than 100,000 bytes" in text
 
 
+def test_max_bytes_zero_is_no_limit(tmp_path: Path) -> None:
+    path = write_list(tmp_path / "sets.json", {"sets": {f"s{i}": "a.json" for i in range(100)}})
+    assert len(read(path, max_bytes=0)) == 100
+    assert "bytes" in one_line_error(path, max_bytes=100)
+
+
 def test_compressed_bomb(tmp_path: Path) -> None:
     path = tmp_path / "sets.json.gz"
     path.write_bytes(gzip.compress(b" " * (16 << 20), 1))
@@ -398,11 +428,45 @@ def test_deep_json(tmp_path: Path) -> None:
     assert "not valid JSON" in one_line_error(path, max_bytes=1 << 20)
 
 
-def test_deep_yaml(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("depth", "message"), [
+    (200, "nested deeper than 64 levels"),
+    (5_000, "not valid YAML"),  # libyaml's own bound (1000)
+])
+def test_deep_yaml(tmp_path: Path, depth: int, message: str) -> None:
     path = tmp_path / "sets.yaml"
-    path.write_text("sets: " + "[" * 1_000 + "]" * 1_000 + "\n")
-    text = one_line_error(path, max_bytes=1 << 20)
-    assert "nested deeper than 64 levels" in text
+    path.write_text("sets: " + "[" * depth + "]" * depth + "\n")
+    assert message in one_line_error(path, max_bytes=1 << 20)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("a: 1\n---\nsets: {{}}\n", "more than one YAML document"),
+    ("? [1]\n: 2\n", "a YAML mapping key must be a scalar"),
+    ("sets: !!python/object/apply:os.system ['touch {marker}']\n", '"sets" must map names'),
+])
+def test_yaml_refusals(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "sets.yml"
+    marker = tmp_path / "ran"
+    path.write_text(text.format(marker=marker))
+    assert message in one_line_error(path)
+    assert not marker.exists()  # tags are never constructed
+
+
+def test_yaml_scalars(tmp_path: Path) -> None:
+    """Plain true/false are booleans (flags), numbers are text, quoted text stays text."""
+    path = tmp_path / "sets.yaml"
+    path.write_text("sets:\n"
+                    "  2020: a.json\n"
+                    "  b: {source: b.json, options: {decode: yes, timeout: 3.5}}\n"
+                    "  c: {source: c.json, options: {decode: off, bad_keys: 'skip'}}\n"
+                    "  d: {source: d.json, options: {decode: 'true'}}\n")
+    with pytest.raises(CatalogError, match="option 'decode' takes no value"):
+        read(path)
+    path.write_text(path.read_text().replace("  d: {source: d.json, options: {decode: 'true'}}\n",
+                                             ""))
+    entries = read(path)
+    assert list(entries) == ["2020", "b", "c"]
+    assert entries["b"].options == {"decode": "", "timeout": "3.5"}
+    assert entries["c"].options == {"bad_keys": "skip"}
 
 
 def test_too_many_sets_in_a_list(tmp_path: Path) -> None:
@@ -424,7 +488,7 @@ def test_credentials_not_echoed(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("name", "ok"), [
     ("era5", True), ("a b", True), ("é", True), ("x" * 255, True), (".hidden", True),
     ("x" * 256, False), ("é" * 128, False), ("", False), (".", False), ("..", False),
-    ("a/b", False), ("a\x00b", False), ("a\nb", False), (5, False),
+    ("a/b", False), ("a\x00b", False), ("a\nb", False), (5, False), ("\udcff", False),
 ])
 def test_name_problem(name: Any, ok: bool) -> None:
     assert (name_problem(name) is None) == ok
