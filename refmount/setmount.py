@@ -59,7 +59,7 @@ def check_catalog(cfg: MountConfig) -> IndexFile:
     try:
         entries = _read_catalog(cfg)
     except CatalogError as e:
-        raise MountError(f"{e} (with -o catalog, SOURCE is a catalogue)") from None
+        raise MountError(str(e)) from None
     log.debug("catalogue %s: %d sets", redact_url(cfg.source), len(entries))
     return CATALOG_INDEX
 
