@@ -176,6 +176,8 @@ class Sets:
         self._by_vid: dict[int, SetSlot] = {}  # a slot's shown vid -> the slot
         self._versions: dict[int, SetVersion] = {}  # vid -> an opened version not yet closed
         self._opening: dict[str, trio.Event] = {}
+        self._open: set[SetSlot] = set()  # the slots with a current version
+        self._names: list[str] | None = None  # sorted, made again when sets come or go
         self._indexing = trio.CapacityLimiter(max(1, max_indexing))
         self._identifying = trio.CapacityLimiter(max(1, max_identify))
         self._nursery: trio.Nursery | None = None
@@ -189,6 +191,7 @@ class Sets:
         self._loop = loop
 
     def _add(self, name: str, entry: Any) -> SetSlot:
+        self._names = None
         slot = SetSlot(name, entry, next(self._vids))
         self.slots[name] = slot
         self._by_vid[slot.vid] = slot
@@ -196,7 +199,9 @@ class Sets:
 
     # ---- what front ends ask -------------------------------------------------------------
     def names(self) -> list[str]:
-        return sorted(self.slots)
+        if self._names is None:
+            self._names = sorted(self.slots)
+        return self._names
 
     def slot(self, name: str) -> SetSlot | None:
         return self.slots.get(name)
@@ -219,7 +224,7 @@ class Sets:
 
     @property
     def opened(self) -> int:
-        return sum(1 for s in self.slots.values() if s.current is not None)
+        return len(self._open)
 
     async def get(self, vid: int) -> SetVersion | None:
         """The version ``vid``, opening its slot when ``vid`` is what the slot shows; None
@@ -331,6 +336,7 @@ class Sets:
         self._versions[vid] = version
         self.events.made(version)
         slot.current, slot.last_key = version, opened.key
+        self._open.add(slot)
         slot.error = slot.failed_identity = None
         slot.last_used = trio.current_time()
         if vid != slot.vid:
@@ -388,7 +394,7 @@ class Sets:
         """Close the least recently used idle slots beyond ``max_open`` (never ``keep``,
         the slot just opened for a request)."""
         while self.opened > self.max_open:
-            idle = [s for s in self.slots.values()
+            idle = [s for s in self._open
                     if s.current is not None and s.current.idle and s.name not in self._opening
                     and s is not keep]
             if not idle:
@@ -397,6 +403,7 @@ class Sets:
             version = slot.current
             assert version is not None
             slot.current = None
+            self._open.discard(slot)
             log.info("set %s: closed (least recently used of %d open, max_open_sets=%d)",
                      slot.name or "/", self.opened + 1, self.max_open)
             self._close(version)
@@ -413,7 +420,7 @@ class Sets:
                 swapped += 1
 
         async with trio.open_nursery() as nursery:
-            for slot in list(self.slots.values()):
+            for slot in list(self._open):
                 if slot.current is not None and not slot.reloading:
                     nursery.start_soon(one, slot)
         return swapped
@@ -470,11 +477,13 @@ class Sets:
         removed = [n for n in self.slots if n not in entries]
         changed = [n for n in entries if n in self.slots and entries[n] != self.slots[n].entry]
         for name in removed:
+            self._names = None
             slot = self.slots.pop(name)
             slot.removed = True
             self._by_vid.pop(slot.vid, None)
             if slot.current is not None:
                 version, slot.current = slot.current, None
+                self._open.discard(slot)
                 self._retire(version)
             self.events.removed(slot)
         for name in sorted(added):
@@ -507,6 +516,7 @@ class Sets:
             self._close(version)
         for slot in self.slots.values():
             slot.current = None
+        self._open.clear()
         for version in versions:
             await version.closed.wait()
 
