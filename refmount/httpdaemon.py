@@ -126,6 +126,8 @@ async def _main(cfg: MountConfig, core: SetCore | SetMount, sock: socket.socket,
         settings = {"cors": cfg.cors, "token": token, "max_clients": cfg.max_clients,
                     "client_timeout": cfg.client_timeout, "cache_seconds": cfg.attr_timeout}
         if isinstance(core, SetMount):  # a catalogue, or a set with reload: routed per set
+            if cfg.reload:  # clients keep a response no longer than a set may stay unchanged
+                settings["cache_seconds"] = min(cfg.attr_timeout, cfg.reload)
             router = SetsRouter(core.sets, caller, single=not cfg.catalog, settings=settings,
                                 describe=core.describe)
             front = HttpFrontEnd(None, caller, **settings, router=router)
