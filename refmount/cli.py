@@ -307,19 +307,23 @@ def _serve_in_foreground(cfg: MountConfig, checks: Callable[[], None], module: s
     """``-f``: this process serves (``run(module, index_file, log_target)``, ``module`` the
     serving process's: ``refmount.daemon`` or ``refmount.httpdaemon``) from an index that a
     child process parsed (see indexer.py), so that it never holds the parser's heap."""
+    from .setmount import check_catalog
+
     try:
         checks()
     except MountError as e:
         return _fail(str(e))
-    indexer = Indexer(cfg)
+    catalog = getattr(cfg, "catalog", False)
+    indexer = None if catalog else Indexer(cfg)  # a catalogue's sets: by the serving process
     try:
         serving = importlib.import_module(module)  # imported while the child parses
     except BaseException:
-        indexer.kill()
+        if indexer is not None:
+            indexer.kill()
         raise
     try:
-        index_file = indexer.result()
-    except IndexerError as e:
+        index_file = check_catalog(cfg) if indexer is None else indexer.result()
+    except (IndexerError, MountError) as e:
         return _fail(str(e))
     log_target = setup_logging(cfg, detached=False)
     try:
@@ -340,9 +344,14 @@ def _serve_detached(cfg: MountConfig, checks: Callable[[], None],
     try:
         checks()
         launcher = launch()
-        index_file = index_source(cfg)
-        check_index_targets(cfg, index_file)
-        advise_on_decoding(cfg, index_file)
+        if getattr(cfg, "catalog", False):  # its sets are indexed by the serving process
+            from .setmount import check_catalog
+
+            index_file = check_catalog(cfg)
+        else:
+            index_file = index_source(cfg)
+            check_index_targets(cfg, index_file)
+            advise_on_decoding(cfg, index_file)
     except BaseException as e:
         if launcher is not None:
             launcher.abort()

@@ -253,6 +253,7 @@ class Size:
 class Seconds:
     metavar: str = "SEC"
     pytype: str = "float"
+    zero: bool = False  # 0 is allowed (it means off)
 
     def parse(self, name: str, text: str) -> float:
         try:
@@ -261,8 +262,9 @@ class Seconds:
             raise ConfigError(f"{name} must be a number of seconds, got {text!r}") from None
         if not math.isfinite(v):  # trio's deadlines and the kernel's timeouts take finite numbers
             raise ConfigError(f"{name} must be a finite number of seconds, got {text!r}")
-        if v <= 0:
-            raise ConfigError(f"{name} must be positive, got {text!r}")
+        if v < 0 or (v == 0 and not self.zero):
+            raise ConfigError(f"{name} must be {'0 or more' if self.zero else 'positive'}, "
+                              f"got {text!r}")
         return v
 
     def show(self, value: Any) -> str:
@@ -545,6 +547,19 @@ OPTIONS: tuple[Option, ...] = (
            "most bytes a Parquet record file may decode to; a larger one gives EIO for its keys"),
     Option("max_source", Size(lo=0), 2 * 2**30,
            "most bytes of SOURCE read, after any decompression (0: no limit)"),
+    # catalogues: many reference sets under one mount (catalog.py)
+    Option("catalog", Flag(), False,
+           "SOURCE is a catalogue: a directory of reference sets, a list file or a STAC "
+           "Collection/ItemCollection; each set is a directory of the mount"),
+    Option("max_open_sets", Int(1, 100_000), 64,
+           "with catalog: most sets open at once (the least recently used is closed)"),
+    Option("max_sets", Int(1, 10_000_000), 100_000,
+           "with catalog: most sets a catalogue may name"),
+    Option("reload", Seconds(zero=True), 0.0,
+           "check SOURCE (with catalog: the catalogue) and every opened set for changes every "
+           "SEC seconds and on SIGUSR1; a changed set is indexed again and swapped in, files "
+           "already open keep reading the old one (0: off; a catalogue is still checked on "
+           "SIGUSR1)"),
     # serving over HTTP (refmount serve)
     Option("listen", Listen(), "127.0.0.1:8080",
            "refmount serve: the address and port to listen on (a non-loopback address "

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 
 import pyfuse3
@@ -21,6 +22,7 @@ import trio
 from . import guestloop, process
 from .cache import DiskCache
 from .cachewriter import CacheWriter
+from .catalogfs import CatalogFS
 from .config import MountConfig, describe_options
 from .core import SetCore, build_core
 from .decoder import ChunkDecoder
@@ -34,6 +36,7 @@ from .reader import RefReader
 from .readiness import run_detached, sd_notify
 from .redact import redact_url
 from .refs import IndexFile
+from .setmount import SetMount, build_sets, serves_sets
 from .stats import Stats
 
 log = logging.getLogger("refmount")
@@ -63,9 +66,15 @@ class Mount:
     business: ``pyfuse3.init``, READY), ``warm()``, then ``aclose()`` and ``close()``.
     """
 
+    user_signals = False  # SIGUSR1 and SIGUSR2 are logged and ignored
+
     def __init__(self, core: SetCore, fs: RefFS) -> None:
         self.core = core
         self.fs = fs
+
+    @property
+    def summary(self) -> str:
+        return f"{self.core.info['keys']} keys"
 
     @property
     def stats(self) -> Stats:
@@ -133,13 +142,26 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> Mount:
     return Mount(core, fs)
 
 
+def build_mount(cfg: MountConfig, index_file: IndexFile) -> Mount | SetMount:
+    """What serves the mount: one set (``build_filesystem``), or, with ``-o catalog`` or
+    ``reload``, the sets and the FUSE operations routing to them (``catalogfs.py``)."""
+    if not serves_sets(cfg):
+        return build_filesystem(cfg, index_file)
+    mount = build_sets(cfg, index_file)
+    mount.fs = mount.front = CatalogFS(
+        mount.sets, single=not cfg.catalog, uid=cfg.uid, gid=cfg.gid, umask=cfg.umask,
+        attr_timeout=cfg.attr_timeout, page_push=cfg.page_push, mtime_ns=time.time_ns(),
+        info=mount.info, describe=mount.describe)
+    return mount
+
+
 def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None],
           log_target: str = "") -> int:
     """Mount and serve until unmounted or signalled. Raises MountError before mounting.
     ``log_target`` (what ``setup_logging`` returned) is shown by ``refmount stats``."""
     trim = process.tune()
     check_mountpoint(cfg.mountpoint, cfg.nonempty)
-    mount = build_filesystem(cfg, index_file)
+    mount = build_mount(cfg, index_file)
     if log_target:
         mount.info["log"] = "syslog (journalctl -t refmount)" if log_target == "syslog" else log_target
     with captured_stderr() as printed:  # libfuse's and fusermount3's reasons
@@ -152,8 +174,8 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None],
     if said:
         log.warning("while mounting: %s", said)
     log.info(
-        "mounted %s on %s: %s keys (options: %s)",
-        redact_url(cfg.source), cfg.mountpoint, mount.info["keys"], describe_options(cfg),
+        "mounted %s on %s: %s (options: %s)",
+        redact_url(cfg.source), cfg.mountpoint, mount.summary, describe_options(cfg),
     )
     try:
         # trio (FUSE) as a guest of the asyncio loop fsspec's filesystems run on: one thread.
@@ -172,13 +194,14 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None],
     return 0
 
 
-async def _main(cfg: MountConfig, mount: Mount, on_ready: Callable[[], None],
+async def _main(cfg: MountConfig, mount: Mount | SetMount, on_ready: Callable[[], None],
                 trim: Callable[[int], int] | None) -> None:
     async with trio.open_nursery() as nursery:
         mount.start(nursery, trim)
         nursery.start_soon(_fuse_main, cfg, nursery)
         nursery.start_soon(_stop_on_signal, nursery)
-        nursery.start_soon(_log_user_signals)
+        if not mount.user_signals:
+            nursery.start_soon(_log_user_signals)
         # The mount answers once a stat from another thread comes back through our loop.
         st = await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
         set_kernel_readahead(st.st_dev, cfg.read_ahead_kb)

@@ -307,9 +307,44 @@ def format_stats(stats: dict[str, Any]) -> str:
         valid = (f"generation {c['generation']}, valid until {c.get('expiry') or 'further notice'}"
                  if c.get("generation") else "no credential yet")
         rows.append((f"credentials, rule {number}", f"{state}: {valid}"))
+    rows += _set_rows(stats)
     if stats.get("log"):
         rows.append(("log", str(stats["log"])))
     return "\n".join(_table(rows, header=False))
+
+
+SET_ROWS = 20  # sets shown one per row by ``refmount stats``; the rest are counted
+
+
+def _set_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
+    """A catalogue's (or a reloaded set's) rows: the sets, the reload checks, each set that
+    is open or failed."""
+    rows: list[tuple[str, str]] = []
+    if "sets" in stats:
+        rows.append(("sets", f"{stats['sets']:,} ({stats.get('sets_open', 0)} open, at most "
+                             f"{stats.get('max_open_sets', '-')})"))
+    if "reload" in stats:
+        every = stats["reload"]
+        when = f"every {every:g} s and on SIGUSR1" if isinstance(every, float | int) else "on SIGUSR1"
+        last = f", last {stats['last_check']}" if stats.get("last_check") else ""
+        rows.append(("reload checks", f"{stats.get('reload_checks', 0)} ({when}{last})"))
+    if stats.get("catalog_error"):
+        rows.append(("catalogue error", str(stats["catalog_error"])))
+    states = stats.get("set_states") or {}
+    for name, state in list(states.items())[:SET_ROWS]:
+        text = str(state.get("state"))
+        if state.get("version"):
+            text += f", version {state['version']}"
+        if state.get("open_files"):
+            text += f", {state['open_files']} open files"
+        if state.get("last_reload"):
+            text += f", reloaded {state['last_reload']}"
+        if state.get("error"):
+            text += f", error: {state['error']}"
+        rows.append((f"set {name or '/'}", text))
+    if len(states) > SET_ROWS:
+        rows.append(("", f"and {len(states) - SET_ROWS} more sets (--json lists them)"))
+    return rows
 
 
 def human(n: float) -> str:
