@@ -27,8 +27,9 @@ def _option(name: str, value: Any) -> str | None:
         return name
     if value is False or value is None:
         return None
-    if isinstance(value, dict):
-        return f"{name}={json.dumps(value, separators=(',', ':'))}"
+    if isinstance(value, dict) or (isinstance(value, list | tuple)
+                                   and any(isinstance(v, dict) for v in value)):
+        return f"{name}={json.dumps(value, separators=(',', ':'))}"  # JSON: targets=[{...}]
     if isinstance(value, list | tuple):
         return f"{name}={':'.join(map(str, value))}"
     return f"{name}={value}"
@@ -69,7 +70,8 @@ def mounted(source: str | os.PathLike[str], mountpoint: str | os.PathLike[str] |
             **options: Any) -> Iterator[str]:
     """Mount ``source`` in a child daemon, yield the mount path once it answers, and always
     unmount on exit. Options are refmount's ``-o`` options: ``True`` for flags, dicts for
-    JSON options (``remote_options={"anon": True}``), lists of directories for allow_local.
+    JSON options (``remote_options={"anon": True}``; ``targets=[{"prefix": ...}]``), lists of
+    directories for allow_local.
     Raises :class:`MountError` with refmount's message if mounting fails."""
     tmp = None
     if mountpoint is None:

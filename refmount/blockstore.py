@@ -189,13 +189,14 @@ class BlockStore:
         url, start, length = key
         if not disk.may_contain(url, start, length):
             return None  # a certain miss: no thread hop
-        policy = self.fetcher.policy
+        problem = self.fetcher.problem
 
         def lookup() -> Block | None:
             # The read-time policy comes first: a block another mount cached (or this one,
             # before a symlink was swapped in) is never a way around it. A refused target
-            # is a miss here, and the fetch then fails with the reason.
-            if policy.problem(url, resolve=True):
+            # is a miss here, and the fetch then fails with the reason. (The policy applies
+            # where the target is read: after the target rules.)
+            if problem(url, resolve=True):
                 return None
             return disk.get(url, start, length, upto=upto)
 

@@ -28,13 +28,20 @@ from .cachedir import check_cache_dir
 from .cmdline import ENV_OPTIONS, ENV_SOURCE, hide_credentials, take_configuration
 from .config import MountConfig, apply_options, did_you_mean, options_help, split_options
 from .errors import ConfigError, MountError
+from .indexer import Indexer, IndexerError
+from .logsetup import setup_logging, stderr_warnings
 from .mountpoint import check_mountpoint, recover_stale_mount
-from .policy import TargetRefused, check_targets
+from .policy import TargetRefused
+from .preparation import (
+    advise_on_decoding,
+    check_index_targets,
+    check_pins,
+    index_source,
+    remove_temporary,
+)
 from .process import ignore_user_signals
-from .progress import Progress
-from .redact import RedactingFormatter, redact_url
-from .refs import IndexFile, ReferenceSetError, format_named, prepare_index
-from .refs.limits import Limits
+from .redact import redact_url
+from .refs import IndexFile, ReferenceSetError
 from .spawn import child_env, module_command
 from .urls import is_local, local_path
 
@@ -164,7 +171,7 @@ def _run_serve(argv: list[str]) -> int:
         cfg = serve_config(args)
     except ConfigError as e:
         return _fail(str(e))
-    _stderr_warnings()
+    stderr_warnings()
 
     def checks() -> None:
         check_pins(cfg)
@@ -251,6 +258,9 @@ def _tool_parser(command: str) -> argparse.ArgumentParser:
                        help="output path or fsspec URL (.gz/.zst compressed by name); default stdout")
     if command == "inspect":
         p.description = "Summarise a reference set without mounting it."
+        p.add_argument("--targets", default=None, metavar="JSON|@FILE",
+                       help="target rules (as -o targets=): show where targets are read and "
+                            "which no rule matches")
     if command in ("inspect", "stats"):
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return p
@@ -273,7 +283,10 @@ def _run_tool(command: str, argv: list[str]) -> int:
     options = _json_option("--target-options", args.target_options)
     source = os.path.abspath(local_path(args.source)) if is_local(args.source) else args.source
     if command == "inspect":
-        info = tools.inspect(source, options)
+        from .targets import TargetRules, load_rules
+
+        rules = TargetRules.from_json(load_rules(args.targets, "--targets")) if args.targets else None
+        info = tools.inspect(source, options, rules)
         print(json.dumps(info, indent=2) if args.json else tools.format_inspect(info))
         return 0
     if args.output == "-":
@@ -296,12 +309,12 @@ def main(argv: list[str] | None = None, credentials_warning: str | None = None) 
         if argv and argv[0] == "serve":
             return _run_serve(argv[1:])
         if argv and argv[0] == "verify":
-            _stderr_warnings()
+            stderr_warnings()
             if credentials_warning:
                 print(credentials_warning, file=sys.stderr)
             return _run_verify(argv[1:])
         if argv and argv[0] in SUBCOMMANDS:
-            _stderr_warnings()
+            stderr_warnings()
             if credentials_warning:
                 print(credentials_warning, file=sys.stderr)
             return _run_tool(argv[0], argv[1:])
@@ -335,7 +348,7 @@ def _run(args: argparse.Namespace, credentials_warning: str | None = None) -> in
     except ConfigError as e:
         return _fail(str(e))
     # Until the daemon takes over, warnings (e.g. skipped keys) go to stderr.
-    _stderr_warnings()
+    stderr_warnings()
 
     def checks() -> None:
         if cfg.recover:
@@ -363,22 +376,23 @@ def _serve_in_foreground(cfg: MountConfig, checks: Callable[[], None], module: s
     """``-f``: this process serves (``run(module, index_file, log_target)``, ``module`` the
     serving process's: ``refmount.daemon`` or ``refmount.httpdaemon``) from an index that a
     child process parsed (see indexer.py), so that it never holds the parser's heap."""
-    from .indexer import Indexer, IndexerError
+    from .setmount import check_catalog
 
     try:
         checks()
     except MountError as e:
         return _fail(str(e))
-    indexer = Indexer(cfg)
+    catalog = getattr(cfg, "catalog", False)
+    indexer = None if catalog else Indexer(cfg)  # a catalogue's sets: by the serving process
     try:
         serving = importlib.import_module(module)  # imported while the child parses
-        from .daemon import setup_logging
     except BaseException:
-        indexer.kill()
+        if indexer is not None:
+            indexer.kill()
         raise
     try:
-        index_file = indexer.result()
-    except IndexerError as e:
+        index_file = check_catalog(cfg) if indexer is None else indexer.result()
+    except (IndexerError, MountError) as e:
         return _fail(str(e))
     log_target = setup_logging(cfg, detached=False)
     try:
@@ -386,7 +400,7 @@ def _serve_in_foreground(cfg: MountConfig, checks: Callable[[], None], module: s
     except MountError as e:
         return _fail(str(e))
     finally:
-        _remove_temporary(index_file)  # serve() removes it once mapped; not if it failed before
+        remove_temporary(index_file)  # serve() removes it once mapped; not if it failed before
 
 
 def _serve_detached(cfg: MountConfig, checks: Callable[[], None],
@@ -399,95 +413,25 @@ def _serve_detached(cfg: MountConfig, checks: Callable[[], None],
     try:
         checks()
         launcher = launch()
-        index_file = index_source(cfg)
-        check_index_targets(cfg, index_file)
-        advise_on_decoding(cfg, index_file)
+        if getattr(cfg, "catalog", False):  # its sets are indexed by the serving process
+            from .setmount import check_catalog
+
+            index_file = check_catalog(cfg)
+        else:
+            index_file = index_source(cfg)
+            check_index_targets(cfg, index_file)
+            advise_on_decoding(cfg, index_file)
     except BaseException as e:
         if launcher is not None:
             launcher.abort()
         if index_file is not None:
-            _remove_temporary(index_file)  # it holds every target URL of the refused set
+            remove_temporary(index_file)  # it holds every target URL of the refused set
         if isinstance(e, ReferenceSetError | MountError | TargetRefused):
             return _fail(str(e))
         if isinstance(e, MemoryError):
             return _fail(f"{cfg.source}: out of memory while indexing the reference set")
         raise
     return launcher.hand_over(cfg, index_file, on_ready)
-
-
-def check_pins(cfg: MountConfig) -> None:
-    """With ``-o pins``: the pin file can be read and parsed (a MountError otherwise)."""
-    if cfg.pins:
-        from .pins import read_pins
-
-        try:
-            read_pins(cfg.pins)
-        except ConfigError as e:
-            raise MountError(str(e)) from None
-
-
-def index_source(cfg: MountConfig) -> IndexFile:
-    """Parse or validate SOURCE in its format (refs.prepare_index) under the mount's limits,
-    with a progress line on a terminal when it takes a while."""
-    with Progress(f"indexing {redact_url(cfg.source)}", keys=False):
-        return prepare_index(cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
-                             limits=Limits.from_config(cfg),
-                             cache_dir=cfg.cache_dir if cfg.disk_cache else None)
-
-
-def check_index_targets(cfg: MountConfig, index_file: IndexFile) -> None:
-    """Refuse the set if a target known before mounting may not be read (TargetRefused), or,
-    with ``-o pins``, is not pinned."""
-    targets = format_named(index_file.kind).targets(index_file)
-    if cfg.pins:
-        from .pins import read_pins
-
-        pins = read_pins(cfg.pins)
-        targets = list(targets)
-        unpinned = [(url, key_of) for url, key_of in targets if url not in pins]
-        if unpinned:
-            url, key_of = unpinned[0]
-            raise TargetRefused(f"key {key_of()!r}: {redact_url(url)}: not pinned in {cfg.pins} "
-                                f"({len(unpinned):,} of the set's {len(targets):,} targets are "
-                                "not); pin them with 'refmount verify SOURCE --pin FILE'")
-    check_targets(cfg, targets)
-
-
-def advise_on_decoding(cfg: MountConfig, index_file: IndexFile) -> None:
-    """On stderr before the daemon takes over (its warnings go to its log): with ``-o decode``,
-    the arrays served as referenced; without it, one note when some arrays are compressed or
-    big-endian, which clients without zarr's codecs (ncdump, CDO, NCO, GDAL) would read as
-    plausible wrong numbers."""
-    from .decoded import DecodedView
-
-    metadata = format_named(index_file.kind).metadata(index_file, cfg.source, cfg.target_options,
-                                                      bad_keys=cfg.bad_keys)
-    view = DecodedView.from_index(metadata, cfg.max_chunk_bytes)
-    if cfg.decode:
-        view.warn()
-        return
-    if not view.arrays:
-        return
-    names = sorted(path or "/" for path in view.arrays)
-    codecs = sorted({c for path in view.arrays for c in view.codecs.get(path, [])})
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    how = f"use codecs ({', '.join(codecs)})" if codecs else "are stored big-endian"
-    print(f"refmount: note: arrays {shown} {how}: clients without zarr's codecs (ncdump, CDO, "
-          "NCO, GDAL) would read their chunks as raw bytes; mount with -o decode for them",
-          file=sys.stderr)
-
-
-def _remove_temporary(index_file: IndexFile) -> None:
-    if index_file.temporary:
-        with contextlib.suppress(OSError):
-            os.unlink(index_file.path)
-
-
-def _stderr_warnings() -> None:
-    """Until a daemon takes over, warnings (skipped keys, stale mounts) go to stderr."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(RedactingFormatter("refmount: %(levelname)s: %(message)s"))
-    logging.basicConfig(level=logging.WARNING, handlers=[handler])
 
 
 def _fail(message: str) -> int:
@@ -560,7 +504,7 @@ class DaemonLauncher:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait()
-        _remove_temporary(index_file)
+        remove_temporary(index_file)
         if message and message.startswith("ERROR "):
             return _fail(message[6:])
         self._errlog.seek(0)

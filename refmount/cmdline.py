@@ -5,7 +5,7 @@ refmount's own processes never carry configuration in argv: the daemon and the i
 on stdin, and ``refmount --env MOUNTPOINT`` (what ``refmount@.service`` runs) takes SOURCE and
 the mount options from the environment (``REFMOUNT_SOURCE``, ``REFMOUNT_OPTIONS``), which only
 the process's own user and root can read. What a user still types on a command line — a
-password in SOURCE's URL, a signed URL, inline ``remote_options``/``target_options`` JSON —
+password in SOURCE's URL, a signed URL, inline ``remote_options``/``target_options``/``targets`` JSON —
 is masked in this process's argument memory as early as the CLI starts (:func:`hide_credentials`),
 with one warning once the mount answers: until the mask, for the first tenth of a second or
 so, it was visible.
@@ -27,11 +27,12 @@ from .redact import redact_url
 
 ENV_SOURCE = "REFMOUNT_SOURCE"
 ENV_OPTIONS = "REFMOUNT_OPTIONS"
-INLINE_JSON_OPTIONS = ("remote_options", "target_options")  # "@FILE" is a name, not a secret
+# "@FILE" is a name, not a secret; ``targets`` rules hold storage options.
+INLINE_JSON_OPTIONS = ("remote_options", "target_options", "targets")
 MASK = "***"
 WARNING = ("refmount: WARNING: credentials on the command line ({what}) were visible to every "
            "user of this machine (ps, /proc) until refmount {how}; put them in a file only you "
-           "can read (remote_options=@FILE, target_options=@FILE) or pass SOURCE and options "
+           "can read (remote_options=@FILE, target_options=@FILE, targets=@FILE) or pass SOURCE and options "
            "in the environment (refmount --env MOUNTPOINT, $REFMOUNT_SOURCE, $REFMOUNT_OPTIONS)")
 
 
@@ -41,13 +42,23 @@ def _split(arg: str) -> tuple[str, str]:
 
 
 TOOL_OPTION = "--target-options"  # refmount expand/inspect: JSON or @FILE
+TOOL_OPTIONS = (TOOL_OPTION, "--targets")  # refmount inspect --targets: rules, JSON or @FILE
+
+
+def _tool_option(arg: str, previous: str) -> str | None:
+    """The tool option whose value ``arg`` is or holds (None: none)."""
+    for name in TOOL_OPTIONS:
+        if previous == name or arg.startswith(name + "="):
+            return name
+    return None
 
 
 def inline_json(arg: str, previous: str = "") -> list[str]:
-    """The inline JSON values in ``arg``: of ``remote_options``/``target_options`` in a ``-o``
-    group, or the value of ``--target-options`` (``previous`` is the argument before)."""
-    if previous == TOOL_OPTION or arg.startswith(TOOL_OPTION + "="):
-        value = arg.removeprefix(TOOL_OPTION + "=")
+    """The inline JSON values in ``arg``: of ``remote_options``/``target_options``/``targets``
+    in a ``-o`` group, or the value of ``--target-options``/``--targets`` (``previous`` is
+    the argument before)."""
+    if (name := _tool_option(arg, previous)) is not None:
+        value = arg.removeprefix(name + "=")
         return [] if value.startswith("@") else [value]
     body = _split(arg)[1]
     if not any(f"{name}=" in body for name in INLINE_JSON_OPTIONS):
@@ -65,8 +76,8 @@ def masked_argument(arg: str, previous: str = "") -> str:
     ``-o`` group, ``-oGROUP`` too) and of ``--target-options`` replaced by ``***``, and every
     URL password, credential-like query value or ``name=value`` pair redacted
     (``redact_url``)."""
-    if inline_json(arg, previous) and (previous == TOOL_OPTION or arg.startswith(TOOL_OPTION)):
-        return MASK if previous == TOOL_OPTION else f"{TOOL_OPTION}={MASK}"
+    if inline_json(arg, previous) and (name := _tool_option(arg, previous)) is not None:
+        return MASK if previous == name else f"{name}={MASK}"
     prefix, body = _split(arg)
     if inline_json(arg):
         parts = []
@@ -85,11 +96,15 @@ def masked_arguments(args: list[str]) -> list[str]:
 
 def _may_hold_credentials(value: str) -> bool:
     """Inline JSON with a string value anywhere (or not JSON at all): ``{"anon": true}`` holds
-    none."""
+    none, nor do target rules without string options."""
     try:
         stack = [json.loads(value)]
     except ValueError:
         return True
+    if isinstance(stack[0], list) and all(isinstance(r, dict) for r in stack[0]):
+        # targets rules: prefixes and rewrites are places (their passwords are found as in
+        # any URL), options and credential commands may be secrets.
+        stack = [r.get(k) for r in stack[0] for k in ("options", "credentials") if k in r]
     while stack:
         item = stack.pop()
         if isinstance(item, str):

@@ -183,6 +183,29 @@ class Json:
 
 
 @dataclass(frozen=True)
+class Rules:
+    """Target rules (``targets.py``): a JSON list, inline or ``@FILE`` (read now, bounded);
+    kept in JSON form. Never echoed: rule options may hold credentials."""
+
+    metavar: str = "JSON|@FILE"
+    pytype: str = "list[dict[str, Any]]"
+
+    def parse(self, name: str, text: str) -> list[dict[str, Any]]:
+        from .credentials import command_problem
+        from .targets import load_rules
+
+        rules = load_rules(text, name)
+        for number, rule in enumerate(rules, 1):
+            argv = rule.get("credentials", {}).get("process")
+            if argv and (problem := command_problem(argv)) is not None:
+                raise ConfigError(f"{name}: rule {number}: credentials.process: {problem}")
+        return rules
+
+    def show(self, value: Any) -> str:
+        return f"{len(value)} rule{'' if len(value) == 1 else 's'}" if value else "none"
+
+
+@dataclass(frozen=True)
 class Int:
     lo: int
     hi: int = 2**31 - 1
@@ -230,6 +253,7 @@ class Size:
 class Seconds:
     metavar: str = "SEC"
     pytype: str = "float"
+    zero: bool = False  # 0 is allowed (it means off)
 
     def parse(self, name: str, text: str) -> float:
         try:
@@ -238,8 +262,9 @@ class Seconds:
             raise ConfigError(f"{name} must be a number of seconds, got {text!r}") from None
         if not math.isfinite(v):  # trio's deadlines and the kernel's timeouts take finite numbers
             raise ConfigError(f"{name} must be a finite number of seconds, got {text!r}")
-        if v <= 0:
-            raise ConfigError(f"{name} must be positive, got {text!r}")
+        if v < 0 or (v == 0 and not self.zero):
+            raise ConfigError(f"{name} must be {'0 or more' if self.zero else 'positive'}, "
+                              f"got {text!r}")
         return v
 
     def show(self, value: Any) -> str:
@@ -370,7 +395,7 @@ def read_token(path: str, name: str = "auth_token") -> str:
     return token
 
 
-Kind = (Flag | Text | Choice | Json | Int | Size | Seconds | Directory | LogTarget | Directories
+Kind = (Flag | Text | Choice | Json | Rules | Int | Size | Seconds | Directory | LogTarget | Directories
         | Listen | Cors | TokenFile)
 
 
@@ -414,6 +439,12 @@ OPTIONS: tuple[Option, ...] = (
            "fsspec storage options for the targets (credentials, endpoint, anon)"),
     Option("target_options", Json(), dict,
            "fsspec storage options for opening SOURCE itself"),
+    Option("targets", Rules(), list,
+           "rules for targets under a prefix: a list of {\"prefix\", \"rewrite\" (text that "
+           "replaces the prefix, or a list of mirrors tried in order), \"options\" (storage "
+           "options merged over remote_options), \"credentials\" (a command printing "
+           "options that expire)}; the longest matching prefix wins "
+           "(docs/configuration.md#target-rules)"),
     # FUSE and permissions
     Option("allow_other", Flag(), False,
            "let other users access the mount (needs user_allow_other in /etc/fuse.conf for "
@@ -520,6 +551,19 @@ OPTIONS: tuple[Option, ...] = (
            "most bytes a Parquet record file may decode to; a larger one gives EIO for its keys"),
     Option("max_source", Size(lo=0), 2 * 2**30,
            "most bytes of SOURCE read, after any decompression (0: no limit)"),
+    # catalogues: many reference sets under one mount (catalog.py)
+    Option("catalog", Flag(), False,
+           "SOURCE is a catalogue: a directory of reference sets, a list file or a STAC "
+           "Collection/ItemCollection; each set is a directory of the mount"),
+    Option("max_open_sets", Int(1, 100_000), 64,
+           "with catalog: most sets open at once (the least recently used is closed)"),
+    Option("max_sets", Int(1, 10_000_000), 100_000,
+           "with catalog: most sets a catalogue may name"),
+    Option("reload", Seconds(zero=True), 0.0,
+           "check SOURCE (with catalog: the catalogue) and every opened set for changes every "
+           "SEC seconds and on SIGUSR1; a changed set is indexed again and swapped in, files "
+           "already open keep reading the old one (0: off; a catalogue is still checked on "
+           "SIGUSR1)"),
     # serving over HTTP (refmount serve)
     Option("listen", Listen(), "127.0.0.1:8080",
            "refmount serve: the address and port to listen on (a non-loopback address "

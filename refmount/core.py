@@ -13,7 +13,9 @@ Its lifecycle, driven by whichever process serves it:
 1. ``bind_loop(loop)``: fsspec's async file systems live on the asyncio loop trio runs as a
    guest of (``guestloop``);
 2. ``start(nursery)``: the reader, the decoder and the fetcher run their background work
-   (readahead, merged requests) in the server's nursery, and the idle-time heap trim starts;
+   (readahead, merged requests) in the server's nursery, the target rules' credential
+   processes run (``credentials.py``: the first credentials now, each refreshed before it
+   expires), and the idle-time heap trim starts;
 3. the front end answers (READY);
 4. ``warm()``: the disk cache's writer process starts and the cache directory is listed;
 5. ``aclose()`` on the loop once trio is done (HTTP sessions), then ``close()``: the
@@ -32,9 +34,12 @@ import trio
 
 from .cache import Block, DiskCache, MemoryLRU
 from .cachewriter import CacheWriter
+from .codecplan import DecodedArray
 from .codecworker import CodecWorkers
 from .config import MountConfig
-from .decoded import ChunkDecoder, DecodedArray, DecodedTree, DecodedView
+from .credentials import RuleCredentials
+from .decodedview import DecodedTree, DecodedView
+from .decoder import ChunkDecoder
 from .fetch import Fetcher
 from .pins import Pins
 from .policy import target_policy
@@ -44,6 +49,7 @@ from .refs import IndexFile, Ref, format_named
 from .refs.index import KeyIndex
 from .refs.limits import Limits
 from .stats import Stats
+from .targets import Rule, TargetRules
 from .tree import Tree
 from .urlenv import environment_identity
 
@@ -56,7 +62,8 @@ class SetCore:
     def __init__(self, *, stats: Stats, fetcher: Fetcher, reader: RefReader, tree: Tree,
                  disk: DiskCache | None, writer: CacheWriter | None,
                  decoder: ChunkDecoder | None, view: DecodedView | None, metadata: KeyIndex,
-                 mtime_ns: int, info: dict[str, str]) -> None:
+                 mtime_ns: int, info: dict[str, str],
+                 credentials: RuleCredentials | None = None) -> None:
         self.stats = stats
         self.fetcher = fetcher
         self.reader = reader
@@ -68,6 +75,7 @@ class SetCore:
         self.metadata = metadata  # the keys the decoded view and .zmetadata are made from
         self.mtime_ns = mtime_ns
         self.info = info
+        self.credentials = credentials  # the target rules' credential processes, if any
         self._nursery: trio.Nursery | None = None
 
     # ---- what a front end asks -----------------------------------------------------------
@@ -118,6 +126,8 @@ class SetCore:
         if self.decoder is not None:
             self.decoder.attach(nursery)
         self.fetcher.attach(nursery)
+        if self.credentials:
+            nursery.start_soon(self.credentials.run)  # first credentials now, then refreshed
         if trim is not None:
             nursery.start_soon(self._trim_when_idle, trim)
 
@@ -156,10 +166,46 @@ class SetCore:
         self._nursery = None
 
 
+def disk_cache_key(fetcher: Fetcher) -> Callable[[str], str]:
+    """What names a target's blocks in the disk cache: where it is read (its URL after the
+    target rules, resolved like the fetcher does: SOURCE's directory, remote_protocol, the
+    confinement) and with which options — the rule's storage options over remote_options
+    (an endpoint names another object), its rewrites and its credential command, and the
+    environment the backends read endpoints from (AWS_ENDPOINT_URL, ...: urlenv.py). A
+    target no rule matches keeps the key it had without rules. With ``-o pins``, the pinned
+    version too (a mount without pins never hands a pinned one a block of another version)."""
+    environment = environment_identity()
+    tags: dict[int, str] = {}
+
+    def tag(rule: Rule | None) -> str:
+        number = rule.number if rule is not None else 0
+        known = tags.get(number)
+        if known is None:
+            what: list[Any] = [fetcher.static_options(rule), environment]
+            if rule is not None:
+                what += [list(rule.rewrite), rule.credentials]
+            digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode())
+            known = tags[number] = digest.hexdigest()[:16]
+        return known
+
+    identity = fetcher.policy.cache_identity
+    pins = fetcher.pins
+
+    def key(url: str) -> str:
+        route = fetcher.route(url)
+        if pins is not None:  # a pinned target's blocks: its pinned version's, cached by such mounts
+            return f"{tag(route.rule)}\0{identity(route.urls[0])}\0pin:{pins.token(url)}"
+        return f"{tag(route.rule)}\0{identity(route.urls[0])}"
+
+    return key
+
+
 def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
     """The core of one set from its configuration and prepared index, not yet running."""
     stats = Stats()
     pins = Pins.load(cfg.pins, stats) if cfg.pins else None
+    rules = TargetRules.from_json(cfg.targets)
+    credentials = RuleCredentials(rules.rules, shown=stats.credentials)  # their processes
     fetcher = Fetcher(
         cfg.remote_options,
         target_policy(cfg),
@@ -169,23 +215,13 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
         stats=stats,
         merge_gap=cfg.merge_gap,
         merge_limit=cfg.block_size,
+        rules=rules,
+        credentials=credentials if credentials else None,
         pins=pins,
     )
     disk = writer = None
     if cfg.disk_cache:
-        # A reference's URL is resolved like the fetcher does (SOURCE's directory,
-        # remote_protocol), and the storage options (endpoint, ...) are part of the key.
-        # The environment the backends read endpoints from (AWS_ENDPOINT_URL, ...: urlenv.py)
-        # changes what a URL names: it is part of the key too.
-        options = hashlib.sha256(json.dumps([cfg.remote_options, environment_identity()],
-                                            sort_keys=True, default=str).encode())
-        tag, identity = options.hexdigest()[:16], fetcher.policy.cache_identity
-        if pins is None:
-            disk = DiskCache(cfg.cache_dir, cfg.cache_size,
-                             target_key=lambda url: f"{tag}\0{identity(url)}")
-        else:  # a pinned target's blocks are those of its pinned version, cached by such mounts
-            disk = DiskCache(cfg.cache_dir, cfg.cache_size,
-                             target_key=lambda url: f"{tag}\0{identity(url)}\0pin:{pins.token(url)}")
+        disk = DiskCache(cfg.cache_dir, cfg.cache_size, target_key=disk_cache_key(fetcher))
         writer = CacheWriter(disk, stats)
     reader = RefReader(
         fetcher,
@@ -226,4 +262,5 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
         )
     return SetCore(stats=stats, fetcher=fetcher, reader=reader, tree=tree, disk=disk,
                    writer=writer, decoder=decoder, view=view, metadata=opened.metadata,
-                   mtime_ns=opened.mtime_ns, info=info)
+                   mtime_ns=opened.mtime_ns, info=info,
+                   credentials=credentials if credentials else None)

@@ -2,19 +2,18 @@
 
 Started either in the foreground (``refmount -f``) or as a detached child of the CLI
 (``python -m refmount.daemon``), which receives its configuration as JSON on stdin (not
-argv, to keep secrets out of ``ps``) and reports readiness on an inherited pipe.
+argv, to keep secrets out of ``ps``) and reports readiness on an inherited pipe
+(readiness.py). The set's core is core.py's; this module adds the FUSE wiring over it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import logging.handlers
 import os
 import signal
-import socket
 import sys
+import time
 from collections.abc import Callable
 
 import pyfuse3
@@ -23,9 +22,10 @@ import trio
 from . import guestloop, process
 from .cache import DiskCache
 from .cachewriter import CacheWriter
+from .catalogfs import CatalogFS
 from .config import MountConfig, describe_options
 from .core import SetCore, build_core
-from .decoded import ChunkDecoder
+from .decoder import ChunkDecoder
 from .errors import MountError
 from .fetch import Fetcher
 from .fs import RefFS
@@ -33,54 +33,13 @@ from .mountfailure import captured_stderr, explain
 from .mountpoint import check_mountpoint
 from .pagepush import PagePusher
 from .reader import RefReader
-from .redact import RedactingFormatter, redact_url
+from .readiness import run_detached, sd_notify
+from .redact import redact_url
 from .refs import IndexFile
+from .setmount import SetMount, build_sets, serves_sets
 from .stats import Stats
 
 log = logging.getLogger("refmount")
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
-
-def setup_logging(cfg: MountConfig, detached: bool) -> str:
-    """Configure the root logger; returns a description of where logs go."""
-    root = logging.getLogger()
-    for h in list(root.handlers):
-        root.removeHandler(h)
-    target = cfg.log or ("syslog" if detached else "stderr")
-    handler: logging.Handler
-    nofollow = 0
-    if target == "syslog" and not os.path.exists("/dev/log"):
-        try:
-            process.private_dir(os.path.join(cfg.cache_dir, "log"))
-        except process.UnsafeDirectory as e:
-            raise MountError(str(e)) from None
-        where = cfg.mountpoint or f"serve-{cfg.listen}"  # refmount serve has no mountpoint
-        name = where.strip("/").replace("/", "_").replace(":", "_") or "root"
-        target = os.path.join(cfg.cache_dir, "log", f"{name}.log")
-        nofollow = os.O_NOFOLLOW
-    if target == "stderr":
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(RedactingFormatter(LOG_FORMAT))
-    elif target == "syslog":
-        handler = logging.handlers.SysLogHandler(address="/dev/log")
-        handler.setFormatter(RedactingFormatter(f"refmount[{os.getpid()}]: %(levelname)s %(message)s"))
-    else:
-        # The log file is the mounting user's only: it names targets and keys.
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | nofollow, 0o600)
-        try:
-            process.private_file(fd)
-        finally:
-            os.close(fd)
-        handler = logging.FileHandler(target)
-        handler.setFormatter(RedactingFormatter(LOG_FORMAT))
-    root.addHandler(handler)
-    root.setLevel(cfg.log_level.upper())
-    # Third-party chatter stays at warning unless we debug.
-    for noisy in ("fsspec", "aiohttp", "botocore", "s3fs", "asyncio"):
-        logging.getLogger(noisy).setLevel(logging.DEBUG if cfg.debug else logging.WARNING)
-    return target
-
 
 def fuse_options(cfg: MountConfig) -> set[str]:
     fsname = redact_url(cfg.fsname or cfg.source)
@@ -96,21 +55,6 @@ def fuse_options(cfg: MountConfig) -> set[str]:
     return opts
 
 
-def sd_notify(message: str) -> None:
-    """systemd's notify protocol: one datagram to $NOTIFY_SOCKET (no-op without it)."""
-    addr = os.environ.get("NOTIFY_SOCKET")
-    if not addr:
-        return
-    if addr.startswith("@"):
-        addr = "\0" + addr[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-            s.connect(addr)
-            s.sendall(message.encode())
-    except OSError as e:
-        log.warning("cannot notify systemd at %s: %s", addr, e.strerror)
-
-
 class Mount:
     """One set's core (``core.SetCore``) and the FUSE operations over it, owning their
     start-up and shutdown.
@@ -122,9 +66,15 @@ class Mount:
     business: ``pyfuse3.init``, READY), ``warm()``, then ``aclose()`` and ``close()``.
     """
 
+    user_signals = False  # SIGUSR1 and SIGUSR2 are logged and ignored
+
     def __init__(self, core: SetCore, fs: RefFS) -> None:
         self.core = core
         self.fs = fs
+
+    @property
+    def summary(self) -> str:
+        return f"{self.core.info['keys']} keys"
 
     @property
     def stats(self) -> Stats:
@@ -192,13 +142,26 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> Mount:
     return Mount(core, fs)
 
 
+def build_mount(cfg: MountConfig, index_file: IndexFile) -> Mount | SetMount:
+    """What serves the mount: one set (``build_filesystem``), or, with ``-o catalog`` or
+    ``reload``, the sets and the FUSE operations routing to them (``catalogfs.py``)."""
+    if not serves_sets(cfg):
+        return build_filesystem(cfg, index_file)
+    mount = build_sets(cfg, index_file)
+    mount.fs = mount.front = CatalogFS(
+        mount.sets, single=not cfg.catalog, uid=cfg.uid, gid=cfg.gid, umask=cfg.umask,
+        attr_timeout=cfg.attr_timeout, page_push=cfg.page_push, mtime_ns=time.time_ns(),
+        info=mount.info, describe=mount.describe)
+    return mount
+
+
 def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None],
           log_target: str = "") -> int:
     """Mount and serve until unmounted or signalled. Raises MountError before mounting.
     ``log_target`` (what ``setup_logging`` returned) is shown by ``refmount stats``."""
     trim = process.tune()
     check_mountpoint(cfg.mountpoint, cfg.nonempty)
-    mount = build_filesystem(cfg, index_file)
+    mount = build_mount(cfg, index_file)
     if log_target:
         mount.info["log"] = "syslog (journalctl -t refmount)" if log_target == "syslog" else log_target
     with captured_stderr() as printed:  # libfuse's and fusermount3's reasons
@@ -211,8 +174,8 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None],
     if said:
         log.warning("while mounting: %s", said)
     log.info(
-        "mounted %s on %s: %s keys (options: %s)",
-        redact_url(cfg.source), cfg.mountpoint, mount.info["keys"], describe_options(cfg),
+        "mounted %s on %s: %s (options: %s)",
+        redact_url(cfg.source), cfg.mountpoint, mount.summary, describe_options(cfg),
     )
     try:
         # trio (FUSE) as a guest of the asyncio loop fsspec's filesystems run on: one thread.
@@ -231,13 +194,14 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None],
     return 0
 
 
-async def _main(cfg: MountConfig, mount: Mount, on_ready: Callable[[], None],
+async def _main(cfg: MountConfig, mount: Mount | SetMount, on_ready: Callable[[], None],
                 trim: Callable[[int], int] | None) -> None:
     async with trio.open_nursery() as nursery:
         mount.start(nursery, trim)
         nursery.start_soon(_fuse_main, cfg, nursery)
         nursery.start_soon(_stop_on_signal, nursery)
-        nursery.start_soon(_log_user_signals)
+        if not mount.user_signals:
+            nursery.start_soon(_log_user_signals)
         # The mount answers once a stat from another thread comes back through our loop.
         st = await trio.to_thread.run_sync(os.stat, cfg.mountpoint)
         set_kernel_readahead(st.st_dev, cfg.read_ahead_kb)
@@ -287,46 +251,6 @@ def set_kernel_readahead(dev: int, kb: int) -> None:
             f.write(str(kb))
     except OSError as e:
         log.debug("cannot set %s: %s", path, e.strerror)
-
-
-def run_detached(what: str, serve_set: Callable[[MountConfig, IndexFile, Callable[[str], None], str], int]
-                 ) -> int:
-    """The entry of a detached serving process (the mount's or the HTTP server's): its
-    configuration on stdin, its readiness on the inherited ``--ready-fd`` pipe. ``serve_set(cfg,
-    index_file, report, log_target)`` serves and calls ``report("READY …")`` once it answers;
-    a refusal is reported as ``ERROR <message>``."""
-    process.ignore_user_signals()
-    ready_fd = int(sys.argv[sys.argv.index("--ready-fd") + 1])
-    text = sys.stdin.read()
-    if not text:
-        return 0  # the CLI found a problem before handing over: nothing to do
-    payload = json.loads(text)
-    cfg = MountConfig(**payload["config"])
-    index_file = IndexFile(**payload["index"])
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1):
-        os.dup2(devnull, fd)
-    os.chdir("/")
-    ready = os.fdopen(ready_fd, "w")
-
-    def report(message: str) -> None:
-        try:
-            ready.write(message + "\n")
-            ready.close()
-        except OSError:
-            pass
-
-    try:
-        log_target = setup_logging(cfg, detached=True)
-        os.dup2(devnull, 2)  # from here on everything goes to the log
-        return serve_set(cfg, index_file, report, log_target)
-    except MountError as e:
-        report(f"ERROR {e}")
-        return 1
-    except Exception as e:
-        log.exception("%s failed", what)
-        report(f"ERROR {what} failed: {type(e).__name__}: {e}")
-        return 1
 
 
 def _detached_main() -> int:

@@ -32,6 +32,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
 
 from . import localfile
+from .credentials import merge_options
 from .errors import FetchError
 from .inflight import LinkEstimates
 from .lru import LRU
@@ -40,6 +41,7 @@ from .policy import TargetPolicy
 from .redact import redact_url
 from .singleflight import Flight
 from .stats import Stats
+from .targets import Route, Rule, TargetRules, options_for
 from .urls import is_chained, protocol
 from .workers import await_future
 
@@ -48,6 +50,24 @@ log = logging.getLogger(__name__)
 # Errors that retrying cannot fix.
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
               ValueError, TypeError, NotImplementedError)
+
+
+# A credential provider (credentials.py): the storage options a rule's credential process
+# gives now, with their generation (a new one after each refresh).
+CredentialProvider = Callable[[Rule], Awaitable[tuple[int, dict[str, Any]]]]
+
+
+def mirror_down(e: BaseException) -> bool:
+    """Whether a failed attempt says the mirror is down — no connection, a time-out, a 5xx,
+    408 or 429 — so that the next mirror is tried, rather than answering: a 404 or 403
+    (raised as permanent errors before this is asked), another 4xx, a short or shifted
+    range (retried on the same mirror)."""
+    if isinstance(e, ShortRead):
+        return False
+    status = getattr(e, "status", None)  # aiohttp's ClientResponseError
+    if isinstance(status, int):
+        return status >= 500 or status in (408, 429)
+    return True
 
 
 class ShortRead(OSError):
@@ -262,6 +282,8 @@ def merge_ranges(wanted: list[_Wanted], gap: int, limit: int) -> list[list[_Want
 
 
 class Fetcher:
+    # A mirror that failed (no connection, 5xx, time-out) is tried last for this long.
+    MIRROR_DOWN = 30.0
     # With this many requests to one target in flight, new ranges for it wait (at most
     # MERGE_WAIT s, or until one completes) so that neighbours arriving meanwhile merge.
     MERGE_BUSY = 4
@@ -278,10 +300,18 @@ class Fetcher:
         stats: Stats,
         merge_gap: int = -1,
         merge_limit: int = 4 * 2**20,
+        rules: TargetRules | None = None,
+        credentials: CredentialProvider | None = None,
         pins: Pins | None = None,
     ) -> None:
         self.remote_options = remote_options
         self.pins = pins  # -o pins: only the pinned version of each target is served
+        self.rules = rules if rules is not None else TargetRules()
+        self._credentials = credentials
+        # Routes are asked for by every disk-cache key (worker threads too): lru_cache locks.
+        self._route = functools.lru_cache(maxsize=1 << 16)(functools.partial(policy.route, self.rules))
+        self._static: dict[int, dict[str, Any]] = {}  # rule number (0: none) -> its options
+        self._down: dict[tuple[int, int], float] = {}  # (rule, mirror) -> down until (trio time)
         self.policy = policy
         self.timeout = timeout
         self.retries = retries
@@ -289,7 +319,9 @@ class Fetcher:
         self.max_connections = max_connections
         self._host_limiters: dict[str, trio.CapacityLimiter] = {}
         self._threads = trio.CapacityLimiter(max(4, min(max_connections, 32)))
-        self._fs: dict[str, AbstractFileSystem] = {}
+        # One file system per (rule number, credential generation, protocol): targets under
+        # different rules may need other credentials or endpoints.
+        self._fs: dict[tuple[int, int, str], AbstractFileSystem] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.merge_gap = merge_gap
         self.merge_limit = merge_limit
@@ -322,25 +354,123 @@ class Fetcher:
             return await await_task(self._loop, coro)
         return await await_future(asyncio.run_coroutine_threadsafe(coro, fs.loop))
 
-    # ---- filesystem resolution ----------------------------------------------------------
-    def resolve(self, url: str) -> tuple[AbstractFileSystem, str]:
-        url = self.policy.full_url(url)
+    # ---- where a target is read, and with which options ---------------------------------
+    def route(self, url: str) -> Route:
+        """Where the target ``url`` is read: resolved by the policy, rewritten by the target
+        rule with the longest matching prefix (``targets.py``), each mirror's URL."""
+        return self._route(url)
+
+    def problem(self, url: str, *, resolve: bool) -> str | None:
+        """Why the target ``url`` may not be read (None if it may): the policy's verdict on
+        every URL it is read from (after the target rules). ``resolve``: see
+        ``TargetPolicy.problem``."""
+        for target in self.route(url).urls:
+            reason = self.policy.problem(target, resolve=resolve)
+            if reason:
+                return reason
+        return None
+
+    def static_options(self, rule: Rule | None) -> dict[str, Any]:
+        """The storage options of targets under ``rule`` (None: no rule) as configured:
+        ``remote_options`` with the rule's merged over them (not a credential process's)."""
+        number = rule.number if rule is not None else 0
+        options = self._static.get(number)
+        if options is None:
+            options = self._static[number] = options_for(rule, self.remote_options)
+        return options
+
+    def describe(self, url: str) -> dict[str, str]:
+        """With target rules: the URL(s) ``url`` is read from (mirrors one per line) and the
+        rule that applied ("none"), redacted, for xattrs. Without rules: nothing."""
+        if not self.rules:
+            return {}
+        route = self.route(url)
+        return {"resolved": "\n".join(redact_url(u) for u in route.urls),
+                "rule": route.rule.describe() if route.rule is not None else "none"}
+
+    async def _options_for(self, rule: Rule | None) -> tuple[int, dict[str, Any]]:
+        """(generation, storage options) for targets under ``rule``. The one place options
+        are computed for a fetch: a rule with a credential process gets that process's
+        current options over its own, and a new generation when they are refreshed — a new
+        file system instance then, while reads in flight finish on the old one."""
+        options = self.static_options(rule)
+        if rule is None or rule.credentials is None:
+            return 0, options
+        if self._credentials is None:
+            raise FetchError(rule.prefix, f"target rule {rule.describe()}: credential processes "
+                                          "are not supported by this version of refmount")
+        generation, fresh = await self._credentials(rule)
+        return generation, merge_options(options, fresh)
+
+    async def _open(self, rule: Rule | None, url: str) -> tuple[AbstractFileSystem, str]:
+        """The file system that reads ``url`` (a URL from a route) under ``rule``, and the
+        path in it."""
+        generation, options = await self._options_for(rule)
         if is_chained(url):  # chained URL: let fsspec build the chain each time (cached inside)
-            return url_to_fs(url, **self.remote_options)
+            return url_to_fs(url, **options)
         name = protocol(url)
-        fs = self._fs.get(name)
+        key = (rule.number if rule is not None else 0, generation, name)
+        fs = self._fs.get(key)
         if fs is None:
             cls = fsspec.get_filesystem_class(name)
-            options = dict(self.remote_options)
+            options = dict(options)
+            if rule is not None and rule.credentials is not None:
+                # Refreshed credentials make new instances: none kept in fsspec's cache.
+                options["skip_instance_cache"] = True
             if getattr(cls, "async_impl", False):
                 if self._loop is not None:
                     options["asynchronous"] = True
                 else:
                     options.setdefault("asynchronous", False)
-            fs = self._fs[name] = cls(**options)
+            fs = self._fs[key] = cls(**options)
+            self._retire_older(key, fs)
         return fs, fs._strip_protocol(url)
 
+    def _retire_older(self, key: tuple[int, int, str], fs: AbstractFileSystem) -> None:
+        """Forget the instances of older credential generations of ``key``'s rule and
+        protocol; their sessions close once reads still using them are done (their
+        deadline: ``timeout``)."""
+        number, generation, name = key
+        old = [k for k in self._fs if k[0] == number and k[2] == name and k[1] < generation]
+        for k in old:
+            previous = self._fs.pop(k)
+            if previous is not fs and self._nursery is not None:
+                self._nursery.start_soon(self._close_later, previous)
+
+    async def _close_later(self, fs: AbstractFileSystem) -> None:
+        await trio.sleep(2 * self.timeout)
+        session = getattr(fs, "_session", None)
+        if getattr(fs, "asynchronous", False) and session is not None and self._loop is not None:
+            with contextlib.suppress(Exception):
+                await await_task(self._loop, session.close())
+
+    def _mirror_order(self, route: Route) -> list[int]:
+        """The mirrors of ``route`` in the order to try them: those not known to be down in
+        the rule's order, then those that failed within ``MIRROR_DOWN`` s."""
+        if len(route.urls) == 1 or route.rule is None:
+            return [0]
+        now = trio.current_time()
+        number = route.rule.number
+        up = [i for i in range(len(route.urls)) if self._down.get((number, i), 0.0) <= now]
+        return up + [i for i in range(len(route.urls)) if i not in up]
+
+    def _mark_down(self, route: Route, mirror: int, why: str, then: int | None) -> None:
+        """Remember that a mirror failed (``why``); one log line when it was not known to be
+        down (``then``: the mirror read next)."""
+        assert route.rule is not None
+        key = (route.rule.number, mirror)
+        now = trio.current_time()
+        was_up = self._down.get(key, 0.0) <= now
+        self._down[key] = now + self.MIRROR_DOWN
+        if was_up:
+            rewrite = route.rule.rewrite
+            log.warning("target rule %s: mirror %s failed (%s); %s for %g s",
+                        route.rule.describe(), redact_url(rewrite[mirror]), why,
+                        f"reading from mirror {redact_url(rewrite[then])}" if then is not None
+                        else "no other mirror left to read from", self.MIRROR_DOWN)
+
     # ---- the bridge ---------------------------------------------------------------------
+    # ``url`` is the URL read (a route's: after the target rules), for the policy.
     async def _call(self, url: str, fs: AbstractFileSystem, method: str, *args: Any, **kw: Any) -> Any:
         if getattr(fs, "async_impl", False) and (
             getattr(fs, "asynchronous", False) or getattr(fs, "loop", None) is not None
@@ -370,34 +500,64 @@ class Fetcher:
             limiter = self._host_limiters[host] = trio.CapacityLimiter(self.max_connections)
         return limiter
 
-    async def _with_retries(self, url: str, what: str, op: Callable[[], Awaitable[Any]]) -> Any:
-        """Run ``op`` with retries and exponential backoff, all within ``self.timeout``."""
-        attempt = 0
-        limiter = self._limiter(url)
+    async def _with_retries(self, url: str, what: str, op: Callable[[str], Awaitable[Any]]) -> Any:
+        """Run ``op(target)`` with retries and exponential backoff, all within
+        ``self.timeout``. ``target`` is the URL ``url`` is read from (``route``). With
+        mirrors, each attempt reads from one mirror (never bytes of two in one answer): the
+        first not known to be down; a mirror that is down (``mirror_down``; an attempt gets
+        ``timeout / mirrors`` s) is remembered as such and the next one is tried at once,
+        without using up a retry; an answer (404, 403, a bad range) is retried on the same
+        mirror or is final."""
+        route = self.route(url)
+        urls = route.urls
+        order = self._mirror_order(route)
+        per_try = self.timeout / len(urls)
+        attempt = pos = 0
+        target = urls[order[0]]
+
+        def via() -> str:
+            return f" from {redact_url(target)}" if route.rewritten else ""
+
         with trio.move_on_after(self.timeout) as scope:
             while True:
+                mirror = order[pos]
+                target = urls[mirror]
                 try:
-                    async with limiter:
-                        return await op()
+                    async with self._limiter(target):
+                        if len(urls) == 1:
+                            return await op(target)
+                        with trio.fail_after(per_try):
+                            return await op(target)
                 except _PERMANENT as e:
                     code = (errno.ENOENT if isinstance(e, FileNotFoundError)
                             else errno.EACCES if isinstance(e, PermissionError) else errno.EIO)
-                    raise FetchError(url, f"{what}: {describe(e)}", code) from None
+                    raise FetchError(url, f"{what}{via()}: {describe(e)}", code) from None
                 except FetchError:
                     raise
                 except Exception as e:
+                    down = len(urls) > 1 and mirror_down(e)
+                    why = (f"no answer within {per_try:g} s" if isinstance(e, trio.TooSlowError)
+                           else describe(e))
+                    if down:
+                        then = order[pos + 1] if pos + 1 < len(order) else None
+                        self._mark_down(route, mirror, why, then)
+                        if then is not None:  # the next mirror, at once
+                            pos += 1
+                            continue
                     if attempt >= self.retries:
                         raise FetchError(
-                            url, f"{what}: {describe(e)} (after {attempt + 1} attempts)"
+                            url, f"{what}{via()}: {why} (after {attempt + 1} attempts)"
                         ) from None
                     attempt += 1
                     self.stats.retries += 1
+                    if down:  # every mirror failed: start again from the best one
+                        order, pos = self._mirror_order(route), 0
                     delay = min(0.1 * 2 ** (attempt - 1), 2.0) * (0.5 + random.random())
-                    log.debug("retry %d of %s for %s: %s", attempt, what, redact_url(url),
-                              describe(e))
+                    log.debug("retry %d of %s for %s: %s", attempt, what, redact_url(target), why)
                     await trio.sleep(delay)
         assert scope.cancelled_caught
-        raise FetchError(url, f"{what}: timed out after {self.timeout:g} s", errno.EIO, timed_out=True)
+        raise FetchError(url, f"{what}{via()}: timed out after {self.timeout:g} s", errno.EIO,
+                         timed_out=True)
 
     async def cat_range(self, url: str, start: int, end: int, *, upto: bool = False) -> bytes:
         """Bytes [start, end) of the target; raises FetchError (never returns short).
@@ -477,50 +637,51 @@ class Fetcher:
             w.error = e
 
     async def _cat_range(self, url: str, start: int, end: int, upto: bool = False) -> bytes:
-        fs, path = self.resolve(url)
+        rule = self.route(url).rule
         want = end - start
         pin = self.pins.check(url) if self.pins is not None else None
 
-        async def op() -> bytes:
-            if pin is not None:
-                try:
-                    return await pinned_op()
-                except VersionChanged as e:
-                    assert self.pins is not None
-                    raise self.pins.refuse(url, str(e)) from None
-            return await plain_op()
+        async def op(target: str) -> bytes:
+            fs, path = await self._open(rule, target)
+            if pin is None:
+                return await plain_op(target, fs, path)
+            try:
+                return await pinned_op(target, fs, path, pin)
+            except VersionChanged as e:
+                assert self.pins is not None
+                raise self.pins.refuse(url, str(e)) from None
 
-        async def pinned_op() -> bytes:
+        async def pinned_op(target: str, fs: AbstractFileSystem, path: str, pin: Version) -> bytes:
             """The bytes of the pinned version only: checked on the response (HTTP), the
             descriptor (local files) or the object version (s3 with a version id); other
             stores are asked for the version before and after the read."""
-            assert pin is not None
             if isinstance(fs, HTTPFileSystem | LocalFileSystem):
-                return await plain_op()
-            if pin.version_id is not None and protocol(self.policy.full_url(url)) in ("s3", "s3a"):
-                return await plain_op(version_id=pin.version_id)
-            await self._same_version(url, fs, path, pin)
-            data = await plain_op()
-            await self._same_version(url, fs, path, pin)
+                return await plain_op(target, fs, path)
+            if pin.version_id is not None and protocol(self.policy.full_url(target)) in ("s3", "s3a"):
+                return await plain_op(target, fs, path, version_id=pin.version_id)
+            await self._same_version(target, fs, path, pin)
+            data = await plain_op(target, fs, path)
+            await self._same_version(target, fs, path, pin)
             return data
 
-        async def plain_op(**version: Any) -> bytes:
+        async def plain_op(target: str, fs: AbstractFileSystem, path: str, **version: Any) -> bytes:
             if isinstance(fs, HTTPFileSystem):
-                reason = self.policy.problem(url, resolve=False)
+                reason = self.policy.problem(target, resolve=False)
                 if reason:
-                    raise FetchError(url, reason, errno.EACCES)
+                    raise FetchError(target, reason, errno.EACCES)
                 data = await self._run(fs, http_range(fs, path, start, end, upto, pin))
             elif pin is not None and isinstance(fs, LocalFileSystem):
-                data = await self._call(url, fs, "cat_file", path, start=start, end=end, expect=pin)
+                data = await self._call(target, fs, "cat_file", path, start=start, end=end, expect=pin)
             else:
                 try:
-                    data = await self._call(url, fs, "cat_file", path, start=start, end=end, **version)
+                    data = await self._call(target, fs, "cat_file", path, start=start, end=end,
+                                            **version)
                 except (OSError, ValueError) as e:
                     # s3 (and others) answer a range that starts past the end with an error:
                     # past the end only if the target's size says so.
                     if upto or start == 0 or isinstance(e, FileNotFoundError | PermissionError):
                         raise
-                    info = await self._call(url, fs, "info", path)
+                    info = await self._call(target, fs, "info", path)
                     if (past := _past_end(url, start, end, info.get("size"), b"")) is None:
                         raise
                     raise past from None
@@ -530,7 +691,7 @@ class Fetcher:
                 raise ValueError(f"nothing at {start}: past the end of the target")
             if len(data) < want and not upto and not isinstance(fs, HTTPFileSystem):
                 # Short: past the end of the target, or a short answer (retried)?
-                info = await self._call(url, fs, "info", path)
+                info = await self._call(target, fs, "info", path)
                 past = _past_end(url, start, end, info.get("size"), bytes(data))
                 if past is not None:
                     raise past
@@ -542,8 +703,8 @@ class Fetcher:
         began = trio.current_time()
         try:
             data = await self._with_retries(url, f"bytes {start}-{end}", op)
-        except RangesIgnored:
-            host = urlsplit(url).netloc.rpartition("@")[2]  # never the userinfo
+        except RangesIgnored as e:
+            host = urlsplit(e.url).netloc.rpartition("@")[2]  # the server asked; never the userinfo
             if self._rangeless.get(host) is None:
                 self._rangeless.put(host, True)
                 log.warning("the server %s ignores Range requests (it answers 200 with the whole "
@@ -567,11 +728,12 @@ class Fetcher:
             raise VersionChanged(why)
 
     async def size(self, url: str) -> int:
-        fs, path = self.resolve(url)
+        rule = self.route(url).rule
         pin = self.pins.check(url) if self.pins is not None else None
 
-        async def op() -> int:
-            info = await self._call(url, fs, "info", path)
+        async def op(target: str) -> int:
+            fs, path = await self._open(rule, target)
+            info = await self._call(target, fs, "info", path)
             size = info.get("size")
             if pin is not None and (why := pin.mismatch(Version.from_info(info))) is not None:
                 assert self.pins is not None
@@ -586,16 +748,17 @@ class Fetcher:
         """The target's version as its store reports it (size, ETag, modification time,
         version id), within ``timeout`` and with retries; a FetchError whose ``errno`` says
         why not (ENOENT missing, EACCES refused by the policy or the store)."""
-        fs, path = self.resolve(url)
+        rule = self.route(url).rule
 
-        async def op() -> Version:
+        async def op(target: str) -> Version:
+            fs, path = await self._open(rule, target)
             if isinstance(fs, HTTPFileSystem):
-                reason = self.policy.problem(url, resolve=False)
+                reason = self.policy.problem(target, resolve=False)
                 if reason:
-                    raise FetchError(url, reason, errno.EACCES)
+                    raise FetchError(target, reason, errno.EACCES)
                 return await self._run(fs, http_version(fs, path))  # type: ignore[no-any-return]
             with contextlib.suppress(Exception):
                 fs.invalidate_cache(path)
-            return Version.from_info(await self._call(url, fs, "info", path))
+            return Version.from_info(await self._call(target, fs, "info", path))
 
         return await self._with_retries(url, "version", op)  # type: ignore[no-any-return]

@@ -21,8 +21,11 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from .decoded import ChunkDecoder, DecodedArray, DecodedTree
+from .codecplan import DecodedArray
+from .decodedview import DecodedTree
+from .decoder import ChunkDecoder
 from .errors import ReadError
+from .inodes import SameInodes, VersionInodes
 from .pagepush import PagePusher
 from .reader import ReadState, RefReader
 from .redact import redact_url
@@ -95,8 +98,12 @@ class RefFS(pyfuse3.Operations):
         info: dict[str, str],
         pusher: PagePusher | None = None,
         decoder: ChunkDecoder | None = None,
+        inodes: VersionInodes | None = None,
     ) -> None:
         super().__init__()
+        # the kernel's inode numbers <-> the tree's (different when a mount serves several
+        # sets or versions: inodes.py)
+        self.inodes: VersionInodes | SameInodes = inodes or SameInodes()
         self.tree = tree
         self.reader = reader
         self.stats = stats
@@ -123,7 +130,7 @@ class RefFS(pyfuse3.Operations):
     # ---- attributes ---------------------------------------------------------------------
     def _attr(self, ino: int, is_dir: bool, size: int) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
-        a.st_ino = ino
+        a.st_ino = self.inodes.outer(ino) if ino else 0
         a.generation = 0
         a.entry_timeout = self.timeout
         a.attr_timeout = self.timeout
@@ -160,7 +167,8 @@ class RefFS(pyfuse3.Operations):
         return self._attr(node.ino, node.is_dir, size)
 
     def _node(self, ino: int) -> Node:
-        node = self.tree.node(ino)
+        inner = self.inodes.inner(ino)
+        node = None if inner is None else self.tree.node(inner)
         if node is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
         return node
@@ -178,6 +186,7 @@ class RefFS(pyfuse3.Operations):
             miss.entry_timeout = self.timeout
             return miss
         attr = await self._node_attr(node)
+        attr.st_ino = self.inodes.reply(node.ino)  # the kernel holds one more reference
         if log.isEnabledFor(logging.DEBUG):  # scripts/inflight.py
             log.debug("lookup ino %d: began %.6f, took %.6f s", node.ino, began, trio.current_time() - began)
         return attr
@@ -222,8 +231,9 @@ class RefFS(pyfuse3.Operations):
                     attr.st_blocks = (size + 511) // 512
                 else:
                     attr = self._attr(ino, False, size)  # size unknown: uncached attributes
-                attr.st_ino = ino
+                attr.st_ino = self.inodes.reply(ino)
                 if not pyfuse3.readdir_reply(token, name, attr, next_id + 2):
+                    self.inodes.unreply(attr.st_ino)  # not sent: the kernel holds no reference
                     break
 
     async def releasedir(self, fh: int) -> None:
@@ -261,7 +271,7 @@ class RefFS(pyfuse3.Operations):
         # A decoded chunk's size comes from its array; a range's is settled before any READ
         # (bytes read ahead in full already settle it).
         if array is None and ref.kind is RefKind.RANGE and data is None:
-            await self._settle(node, ref)
+            await self._settle(node, ref, inode)
         self._handles[fh] = _Handle(node, ref, array, key)
         self.stats.opens += 1
         self.stats.open_files += 1
@@ -293,13 +303,13 @@ class RefFS(pyfuse3.Operations):
             self._clip(h.node, h.ref)
         self.stats.bytes_read += len(data)
         if self.pusher is not None:
-            self.pusher.given(h.node.ino)
+            self.pusher.given(self.inodes.outer(h.node.ino))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("read ino %d bytes %d-%d: began %.6f, took %.6f s", h.node.ino, off, off + size,
                       began, trio.current_time() - began)
         return data
 
-    async def _settle(self, node: Node, ref: Ref) -> None:
+    async def _settle(self, node: Node, ref: Ref, inode: int) -> None:
         """Whether a range runs past the end of its target, found out at open, before the
         kernel sends a READ: its ``st_size`` is then the bytes that exist before any page of
         it is cached.
@@ -330,7 +340,7 @@ class RefFS(pyfuse3.Operations):
             self._settling[node.ino] = done = trio.Event()
             try:
                 with contextlib.suppress(OSError):  # ENOENT: the kernel holds no attributes
-                    await trio.to_thread.run_sync(pyfuse3.invalidate_inode, node.ino, True)
+                    await trio.to_thread.run_sync(pyfuse3.invalidate_inode, inode, True)
             finally:
                 done.set()
                 del self._settling[node.ino]
@@ -365,7 +375,7 @@ class RefFS(pyfuse3.Operations):
         pages that READs still hold), the file's cached attributes and pages are dropped, so
         that a size the kernel kept does not last."""
         if self._record_clip(node, ref) and self._background is not None:
-            self._background.start_soon(self._invalidate, node.ino)
+            self._background.start_soon(self._invalidate, self.inodes.outer(node.ino))
 
     INVALIDATE_DELAY = 1.0
 
@@ -381,7 +391,7 @@ class RefFS(pyfuse3.Operations):
         h = self._handles.pop(fh, None)
         if h is not None:
             self.stats.open_files -= 1
-            ino = h.node.ino
+            ino = self.inodes.outer(h.node.ino)
             left = self._opened.pop(ino, 1) - 1
             if left:
                 self._opened[ino] = left
@@ -410,6 +420,9 @@ class RefFS(pyfuse3.Operations):
             return {XATTR_PREFIX + b"inline": str(ref.length).encode()}
         assert ref.url is not None
         out = {XATTR_PREFIX + b"url": redact_url(ref.url).encode()}
+        # With target rules: where it is read (mirrors one per line) and which rule applied.
+        for name, value in self.reader.fetcher.describe(ref.url).items():
+            out[XATTR_PREFIX + name.encode()] = value.encode()
         if ref.kind is RefKind.RANGE:
             out[XATTR_PREFIX + b"offset"] = str(ref.offset).encode()
             out[XATTR_PREFIX + b"length"] = str(ref.length).encode()

@@ -26,12 +26,14 @@ import trio
 from . import guestloop, process
 from .config import MountConfig, describe_options, read_token, split_listen
 from .core import SetCore, build_core
-from .daemon import run_detached, sd_notify
 from .errors import ConfigError, MountError
 from .fetch import await_task
 from .httpserve import HttpFrontEnd
+from .httpsets import SetsRouter
+from .readiness import run_detached, sd_notify
 from .redact import redact_url
 from .refs import IndexFile
+from .setmount import SetMount, build_sets, serves_sets
 from .triocall import TrioCaller
 
 log = logging.getLogger("refmount")
@@ -80,7 +82,8 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[str], Non
         raise MountError(str(e)) from None
     sock = bind(cfg.listen)
     try:
-        core = build_core(cfg, index_file)
+        core: SetCore | SetMount = (build_sets(cfg, index_file) if serves_sets(cfg)
+                                    else build_core(cfg, index_file))
     except BaseException:
         sock.close()
         raise
@@ -88,8 +91,9 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[str], Non
     if not is_loopback(sock):
         log.warning("serving on %s: other hosts can reach it%s", url,
                     "" if token else " without a token (auth_token=@FILE)")
-    log.info("serving %s at %s: %s keys (options: %s)", redact_url(cfg.source), url,
-             core.info["keys"], describe_options(cfg))
+    summary = core.summary if isinstance(core, SetMount) else f"{core.info['keys']} keys"
+    log.info("serving %s at %s: %s (options: %s)", redact_url(cfg.source), url, summary,
+             describe_options(cfg))
     state: dict[str, HttpFrontEnd] = {}
 
     async def before_close() -> None:
@@ -112,15 +116,23 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[str], Non
     return 0
 
 
-async def _main(cfg: MountConfig, core: SetCore, sock: socket.socket, token: str | None, url: str,
+async def _main(cfg: MountConfig, core: SetCore | SetMount, sock: socket.socket, token: str | None, url: str,
                 on_ready: Callable[[str], None], trim: Callable[[int], int] | None,
                 state: dict[str, HttpFrontEnd]) -> None:
     loop = asyncio.get_running_loop()
     async with trio.open_nursery() as nursery:
         core.start(nursery, trim)
-        front = HttpFrontEnd(core, TrioCaller(nursery), cors=cfg.cors, token=token,
-                             max_clients=cfg.max_clients, client_timeout=cfg.client_timeout,
-                             cache_seconds=cfg.attr_timeout)
+        caller = TrioCaller(nursery)
+        settings = {"cors": cfg.cors, "token": token, "max_clients": cfg.max_clients,
+                    "client_timeout": cfg.client_timeout, "cache_seconds": cfg.attr_timeout}
+        if isinstance(core, SetMount):  # a catalogue, or a set with reload: routed per set
+            if cfg.reload:  # clients keep a response no longer than a set may stay unchanged
+                settings["cache_seconds"] = min(cfg.attr_timeout, cfg.reload)
+            router = SetsRouter(core.sets, caller, single=not cfg.catalog, settings=settings,
+                                describe=core.describe)
+            front = HttpFrontEnd(None, caller, **settings, router=router)
+        else:
+            front = HttpFrontEnd(core, caller, **settings)
         state["front"] = front
         server = await await_task(loop, loop.create_server(front.protocol_factory, sock=sock))
         nursery.start_soon(_stop_on_signal, nursery, server)

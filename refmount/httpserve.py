@@ -29,21 +29,22 @@ import contextlib
 import hmac
 import json
 import logging
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 from aiohttp import web, web_server
 from aiohttp.web_request import BaseRequest
 
 from . import listing
+from .codecplan import DecodedArray
 from .consolidated import METADATA_NAMES, consolidation
 from .core import SetCore
 from .cors import cors_headers, preflight_headers
-from .decoded import DecodedArray
 from .errors import FetchError, ReadError
 from .fetch import await_task
 from .httprange import RangeNotSatisfiable, content_range, if_range_matches, parse_range, unsatisfied_range
@@ -112,6 +113,15 @@ class _BadPath(Exception):
     pass
 
 
+class Router(Protocol):
+    """Where requests go when one server serves several sets (``httpsets.SetsRouter``)."""
+
+    async def answer(self, front: HttpFrontEnd, request: BaseRequest, headers: dict[str, str],
+                     raw: str) -> web.StreamResponse: ...
+
+    def counters(self, front: HttpFrontEnd) -> dict[str, Any]: ...
+
+
 def _split_path(raw: str) -> list[bytes]:
     """A request's path (still %-encoded) -> the names of its components; a trailing ``/``
     leaves an empty last name. ``.``, ``..`` and empty components name nothing."""
@@ -136,9 +146,13 @@ class HttpFrontEnd:
     """The request handler of one set's HTTP server (``handle``), plus the pieces the
     serving process wires into aiohttp (``server``, ``protocol_factory``)."""
 
-    def __init__(self, core: SetCore, caller: TrioCaller, *, cors: str | None, token: str | None,
-                 max_clients: int, client_timeout: float, cache_seconds: float) -> None:
+    def __init__(self, core: SetCore | None, caller: TrioCaller, *, cors: str | None, token: str | None,
+                 max_clients: int, client_timeout: float, cache_seconds: float,
+                 router: Router | None = None) -> None:
         self.core = core
+        # with a router (a catalogue, or a set with reload: httpsets.py), each request is
+        # answered by the front end of the set version it names; ``core`` is then unused
+        self.router = router
         self.caller = caller
         self.cors = cors
         self.token = token
@@ -148,9 +162,10 @@ class HttpFrontEnd:
         self.cache_control = f"{visibility}, max-age={int(cache_seconds)}"
         self.stats = ServerStats()
         # the set's identity in entity tags (with its time stamp: validators.ref_parts)
-        self._identity = core.info.get("source", "")
+        self._identity = core.info.get("source", "") if core is not None else ""
         self._zmetadata: bytes | None = None
-        self._mtime = core.mtime_ns / 1e9  # every file's time stamp
+        # every file's time stamp
+        self._mtime = core.mtime_ns / 1e9 if core is not None else time.time()
         self._listing_threads = trio.CapacityLimiter(4)  # listings rendered at once
         self._last_modified = last_modified(self._mtime)
         self._server = web_server.Server(
@@ -208,13 +223,21 @@ class HttpFrontEnd:
         raw = request.rel_url.raw_path
         if raw == STATS_PATH:
             return self._json(200, headers, self.counters())
+        if self.router is not None:
+            return await self.router.answer(self, request, headers, raw)
+        return await self.answer_path(request, headers, raw)
+
+    async def answer_path(self, request: BaseRequest, headers: dict[str, str], raw: str,
+                          prefix: str = "") -> web.StreamResponse:
+        """The answer for ``raw``, a path of this core's tree (``prefix`` before it in the
+        URL: a catalogue's set)."""
         try:
             parts = _split_path(raw)
         except _BadPath:
             return self._plain(404, headers, "no such key")
         conditions = {name: request.headers.get(name) for name in CONDITION_HEADERS}
         try:  # one call into trio: the lookup and, for a GET, the first piece of the body
-            plan = await self.caller.call(self._plan, parts, method, conditions)
+            plan = await self.caller.call(self._plan, parts, request.method, conditions)
         except ReadError as e:
             return self._failed(b"/".join(parts).decode(errors="replace"), e, headers)
         if plan is None:
@@ -222,9 +245,9 @@ class HttpFrontEnd:
         found = plan.found
         if found.is_dir:
             if parts[-1] != b"":  # relative links in the listing need the trailing slash
-                headers["Location"] = raw + "/"
+                headers["Location"] = prefix + raw + "/"
                 return self._plain(301, headers, "a directory")
-            return await self._listing(request, found, headers)
+            return await self._listing(request, found, headers, prefix)
         return await self._file(request, plan, headers)
 
     def _authorized(self, header: str | None) -> bool:
@@ -340,10 +363,10 @@ class HttpFrontEnd:
 
     # ---- directories -------------------------------------------------------------------------
     async def _listing(self, request: BaseRequest, found: _Found,
-                       headers: dict[str, str]) -> web.StreamResponse:
+                       headers: dict[str, str], prefix: str = "") -> web.StreamResponse:
         """A listing streamed as the tree gives its entries (memory bounded by a batch of
         entries and a piece of the page, whatever the directory's size)."""
-        path = "/" + found.key + ("/" if found.key else "")
+        path = prefix + "/" + found.key + ("/" if found.key else "")
         as_json = listing.wants_json(request.headers.get("Accept"), request.rel_url.query_string)
         headers["Cache-Control"] = self.cache_control
         headers["Content-Type"] = "application/json" if as_json else "text/html; charset=utf-8"
@@ -505,6 +528,8 @@ class HttpFrontEnd:
 
     # ---- small answers -----------------------------------------------------------------------
     def counters(self) -> dict[str, Any]:
+        if self.router is not None:
+            return self.router.counters(self)
         stats: dict[str, Any] = dict(self.core.stats.as_dict())
         server = vars(self.stats).copy()
         server["http_status"] = dict(self.stats.http_status)

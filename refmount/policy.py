@@ -14,6 +14,7 @@ import fsspec
 from .config import MountConfig
 from .lru import LRU
 from .redact import redact_url
+from .targets import Route, TargetRules
 from .urls import LOCAL_PROTOCOLS, is_chained, is_local, local_path
 
 
@@ -72,6 +73,15 @@ class TargetPolicy:
             path = os.path.join(self.base_dir, path)
         path = os.path.normpath(path)
         return f"{protocol}://{path}" if sep else path
+
+    def route(self, rules: TargetRules, url: str) -> Route:
+        """Where ``url`` is read under target ``rules``: matched as resolved here
+        (``full_url``), and each rewritten URL resolved the same way. The policy applies to
+        the rewritten URLs (``Route.urls``)."""
+        route = rules.route(self.full_url(url))
+        if not route.rewritten:
+            return route
+        return Route(route.original, route.rule, tuple(self.full_url(u) for u in route.urls))
 
     def cache_identity(self, url: str) -> str:
         """What names a target in a disk cache shared with other mounts: the URL as resolved
@@ -175,20 +185,28 @@ def target_policy(cfg: MountConfig) -> TargetPolicy:
     if is_local(cfg.source):
         # A directory SOURCE is a Parquet set: relative paths in it are relative to the
         # directory itself (record files name theirs relative to their own directory, below
-        # it: see refs/parquet.py), as they are to the directory of a ``.zmetadata`` SOURCE.
+        # it: see refs/parquetset.py), as they are to the directory of a ``.zmetadata`` SOURCE.
         real = os.path.realpath(local_path(cfg.source))
         base = real if os.path.isdir(real) else os.path.dirname(real)
     return TargetPolicy(cfg.local_roots(), base, cfg.remote_protocol)
 
 
 def check_targets(cfg: MountConfig, targets: Iterable[tuple[str, Callable[[], str]]]) -> None:
-    """Refuse the mount if any distinct target URL is not allowed. ``targets``: the URLs a
+    """Refuse the mount if any distinct target URL is not allowed — where it is read, after
+    the target rules (``-o targets``) rewrote it, every mirror. ``targets``: the URLs a
     format knows before mounting, each with a function naming a key that uses it
     (``Format.targets``; a format read lazily, like Parquet, has its targets checked at read
     time instead)."""
     policy = None
+    rules = TargetRules.from_json(cfg.targets)
     for url, key_of in targets:
         policy = policy or target_policy(cfg)
-        reason = policy.problem(url, resolve=True)
-        if reason:
-            raise TargetRefused(f"key {key_of()!r}: {redact_url(url)}: {reason}")
+        route = policy.route(rules, url) if rules else None
+        for target in route.urls if route is not None else (url,):
+            reason = policy.problem(target, resolve=True)
+            if reason:
+                via = ""
+                if route is not None and route.rewritten:
+                    assert route.rule is not None
+                    via = f" (read as {redact_url(target)} by target rule {route.rule.describe()})"
+                raise TargetRefused(f"key {key_of()!r}: {redact_url(url)}{via}: {reason}")

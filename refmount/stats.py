@@ -36,6 +36,9 @@ class Stats:
     pinned_targets_changed: int = 0  # distinct targets found so
     # the last read that failed: {"time", "key", "target", "reason"} (target redacted)
     last_error: dict[str, Any] | None = None
+    # per target rule number with a credential process: its command, generation, expiry,
+    # refreshes and failures (credentials.py; never the credential)
+    credentials: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def failed(self, key: str, error: Exception) -> None:
         """Count a read answered with an error and remember it as the last one."""

@@ -16,6 +16,7 @@ from typing import IO, Any
 from .progress import Progress
 from .redact import redact_url
 from .refs import Ref, RefKind, detect_format
+from .targets import TargetRules
 
 # ---- reading any reference set as (key, Ref) pairs -------------------------------------------
 
@@ -69,7 +70,8 @@ def expand(source: str, out: IO[str], target_options: dict[str, Any]) -> int:
 # ---- inspect ------------------------------------------------------------------------------
 
 
-def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
+def inspect(source: str, target_options: dict[str, Any],
+            rules: TargetRules | None = None) -> dict[str, Any]:
     progress = Progress(f"reading {redact_url(source)}")
     keys = inline_bytes = referenced = whole = 0
     targets: set[str] = set()
@@ -113,6 +115,7 @@ def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
     finally:
         progress.close()
     _decoded_sizes(arrays, metadata, stored)
+    routed = _routes(source, targets, rules) if rules else None
     return {
         "source": redact_url(source),  # printed: no user:password@, tokens or signatures
         "format": detect_format(source, target_options).name,
@@ -123,14 +126,42 @@ def inspect(source: str, target_options: dict[str, Any]) -> dict[str, Any]:
         "whole_file_refs": whole,
         "inline_bytes": inline_bytes,
         "quirks": quirks,
+        **({"target_rules": routed} if routed is not None else {}),
     }
+
+
+SHOWN_UNMATCHED = 20  # targets no rule matches, listed by inspect (all are counted)
+
+
+def _routes(source: str, targets: set[str], rules: TargetRules) -> dict[str, Any]:
+    """Where the targets are read under ``rules`` (resolved as a mount of ``source`` would):
+    per rule, how many targets it applies to and one of them, original and resolved; the
+    targets no rule matches. Redacted."""
+    from .config import MountConfig
+    from .policy import target_policy
+
+    policy = target_policy(MountConfig(source=source))
+    per_rule: dict[int, dict[str, Any]] = {
+        r.number: {"rule": r.describe(), "targets": 0} for r in rules.rules}
+    unmatched: list[str] = []
+    for url in sorted(targets):
+        route = policy.route(rules, url)
+        if route.rule is None:
+            unmatched.append(redact_url(url))
+            continue
+        entry = per_rule[route.rule.number]
+        entry["targets"] += 1
+        entry.setdefault("example", {"original": redact_url(url),
+                                     "resolved": [redact_url(u) for u in route.urls]})
+    return {"rules": list(per_rule.values()), "unmatched": len(unmatched),
+            "unmatched_targets": unmatched[:SHOWN_UNMATCHED]}
 
 
 def _decoded_sizes(arrays: dict[str, dict[str, Any]], metadata: dict[str, bytes | None],
                    stored: dict[str, list[int]]) -> None:
     """Per array: its codecs (decoding order), the referenced bytes of its chunks, their size
     served decoded (``-o decode``), and why it would be served as referenced instead."""
-    from .decoded import DecodedView
+    from .decodedview import DecodedView
 
     view = DecodedView(metadata)
     totals: dict[str, list[int]] = {}
@@ -171,6 +202,8 @@ def format_inspect(info: dict[str, Any]) -> str:
     ]
     for i, (what, n) in enumerate(sorted(info.get("quirks", {}).items())):
         lines.append(f"{'quirks accepted' if i == 0 else '':18}{n:,} {what}")
+    if "target_rules" in info:
+        lines.extend(_format_routes(info["target_rules"]))
     if info["arrays"]:
         rows = [("array", "shape", "chunks", "dtype", "compressor", "codecs (decoding order)",
                  "stored", "decoded")]
@@ -190,6 +223,20 @@ def format_inspect(info: dict[str, Any]) -> str:
             lines.append("not decoded with -o decode (served as referenced):")
             lines.extend(f"  {p}: {why[len('as referenced: '):]}" for p, why in skipped)
     return "\n".join(lines)
+
+
+def _format_routes(routed: dict[str, Any]) -> list[str]:
+    lines = ["", "target rules (longest prefix wins):"]
+    for r in routed["rules"]:
+        lines.append(f"  rule {r['rule']}: {r['targets']:,} targets")
+        if "example" in r:
+            lines.append(f"    e.g. {r['example']['original']}")
+            lines.extend(f"      -> {u}" for u in r["example"]["resolved"])
+    lines.append(f"  no rule: {routed['unmatched']:,} targets")
+    lines.extend(f"    {u}" for u in routed["unmatched_targets"])
+    if routed["unmatched"] > len(routed["unmatched_targets"]):
+        lines.append(f"    ... and {routed['unmatched'] - len(routed['unmatched_targets']):,} more")
+    return lines
 
 
 # ---- stats --------------------------------------------------------------------------------
@@ -254,9 +301,52 @@ def format_stats(stats: dict[str, Any]) -> str:
     if last:
         target = f" ({last['target']})" if last.get("target") else ""
         rows.append(("last error", f"{last['time']} {last['key']}{target}: {last['reason']}"))
+    for number, c in sorted((stats.get("credentials") or {}).items()):
+        failures = c.get("failures", 0)
+        state = (f"failing ({failures} failed run{'' if failures == 1 else 's'})"
+                 if c.get("failing")
+                 else "ok" if c.get("generation") else "waiting for the first")
+        valid = (f"generation {c['generation']}, valid until {c.get('expiry') or 'further notice'}"
+                 if c.get("generation") else "no credential yet")
+        rows.append((f"credentials, rule {number}", f"{state}: {valid}"))
+    rows += _set_rows(stats)
     if stats.get("log"):
         rows.append(("log", str(stats["log"])))
     return "\n".join(_table(rows, header=False))
+
+
+SET_ROWS = 20  # sets shown one per row by ``refmount stats``; the rest are counted
+
+
+def _set_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
+    """A catalogue's (or a reloaded set's) rows: the sets, the reload checks, each set that
+    is open or failed."""
+    rows: list[tuple[str, str]] = []
+    if "sets" in stats:
+        rows.append(("sets", f"{stats['sets']:,} ({stats.get('sets_open', 0)} open, at most "
+                             f"{stats.get('max_open_sets', '-')})"))
+    if "reload" in stats:
+        every = stats["reload"]
+        when = f"every {every:g} s and on SIGUSR1" if isinstance(every, float | int) else "on SIGUSR1"
+        last = f", last {stats['last_check']}" if stats.get("last_check") else ""
+        rows.append(("reload checks", f"{stats.get('reload_checks', 0)} ({when}{last})"))
+    if stats.get("catalog_error"):
+        rows.append(("catalogue error", str(stats["catalog_error"])))
+    states = stats.get("set_states") or {}
+    for name, state in list(states.items())[:SET_ROWS]:
+        text = str(state.get("state"))
+        if state.get("version"):
+            text += f", version {state['version']}"
+        if state.get("open_files"):
+            text += f", {state['open_files']} open files"
+        if state.get("last_reload"):
+            text += f", reloaded {state['last_reload']}"
+        if state.get("error"):
+            text += f", error: {state['error']}"
+        rows.append((f"set {name or '/'}", text))
+    if len(states) > SET_ROWS:
+        rows.append(("", f"and {len(states) - SET_ROWS} more sets (--json lists them)"))
+    return rows
 
 
 def human(n: float) -> str:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from .refs.index import KeyIndex
-from .refs.model import Ref
+if TYPE_CHECKING:  # types only: the formats in refs/ build their trees on this module
+    from .refs.index import KeyIndex
+    from .refs.model import Ref
 
 ROOT_INODE = 1
 _DEPTH_BITS = 12

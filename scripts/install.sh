@@ -5,9 +5,11 @@
 #     checkout, made with the system's /usr/bin/python3;
 #   - /usr/local/bin/refmount, a symlink to the venv's script: the PATH that mount(8),
 #     mount.fuse3, /etc/fstab and systemd use;
-#   - /etc/systemd/system/refmount@.service (systemctl daemon-reload when systemd runs);
-#   - /etc/refmount/ (mode 0700) and refmount.conf.example in it (0600): an instance's
-#     configuration, which may hold credentials: copy it to /etc/refmount/<instance>.conf.
+#   - /etc/systemd/system/refmount@.service and refmount-serve@.service (systemctl
+#     daemon-reload when systemd runs);
+#   - /etc/refmount/ (mode 0700) with refmount.conf.example and refmount-serve.conf.example
+#     (0600): an instance's configuration, which may hold credentials: copy one to
+#     /etc/refmount/<instance>.conf (a mount) or /etc/refmount/serve-<instance>.conf.
 # A second run with an unchanged checkout changes nothing; a changed checkout is reinstalled.
 #
 # Usage: sudo bash scripts/install.sh [--python PATH] [--extra NAME]... [--uninstall]
@@ -27,8 +29,10 @@ STAMP=$VENV/.refmount-install-stamp
 BIN=/usr/local/bin/refmount
 UNIT_DIR=/etc/systemd/system
 UNIT=$UNIT_DIR/refmount@.service
+SERVE_UNIT=$UNIT_DIR/refmount-serve@.service
 CONF_DIR=/etc/refmount
 CONF_EXAMPLE=$CONF_DIR/refmount.conf.example
+SERVE_CONF_EXAMPLE=$CONF_DIR/refmount-serve.conf.example
 
 say() { printf 'install: %s\n' "$*"; }
 die() {
@@ -53,7 +57,7 @@ while [ $# -gt 0 ]; do
             shift
             ;;
         -h | --help)
-            sed -n '2,19p' "$0"
+            sed -n '2,21p' "$0"
             exit 0
             ;;
         *) die "unknown argument: $1 (see --help)" ;;
@@ -93,17 +97,23 @@ if [ "$UNINSTALL" -eq 1 ]; then
     elif [ -e "$BIN" ] || [ -L "$BIN" ]; then
         say "left $BIN alone: it is not the symlink this script makes"
     fi
-    if [ -f "$UNIT" ]; then
-        rm -f "$UNIT"
-        say "removed $UNIT"
-        removed=1
-        reload_systemd
-    fi
-    if [ -f "$CONF_EXAMPLE" ]; then
-        rm -f "$CONF_EXAMPLE"
-        say "removed $CONF_EXAMPLE"
-        removed=1
-    fi
+    units=0
+    for f in "$UNIT" "$SERVE_UNIT"; do
+        if [ -f "$f" ]; then
+            rm -f "$f"
+            say "removed $f"
+            removed=1
+            units=1
+        fi
+    done
+    if [ "$units" -eq 1 ]; then reload_systemd; fi
+    for f in "$CONF_EXAMPLE" "$SERVE_CONF_EXAMPLE"; do
+        if [ -f "$f" ]; then
+            rm -f "$f"
+            say "removed $f"
+            removed=1
+        fi
+    done
     if [ -d "$CONF_DIR" ]; then
         if rmdir "$CONF_DIR" 2>/dev/null; then
             say "removed $CONF_DIR"
@@ -203,12 +213,14 @@ install_file() { # SRC DEST [MODE]: copy when missing or different (mode 0644 by
     say "installed $2"
 }
 
-if install_file systemd/refmount@.service "$UNIT"; then
-    reload_systemd
-fi
+units=0
+install_file systemd/refmount@.service "$UNIT" && units=1
+install_file systemd/refmount-serve@.service "$SERVE_UNIT" && units=1
+if [ "$units" -eq 1 ]; then reload_systemd; fi
 # An instance's configuration may hold credentials (remote_options): the directory is root's
 # alone and the example, the file that gets copied, is 0600 (cp keeps its mode).
 install -d -m 0700 "$CONF_DIR"
 install_file systemd/refmount.conf.example "$CONF_EXAMPLE" 0600 || true
+install_file systemd/refmount-serve.conf.example "$SERVE_CONF_EXAMPLE" 0600 || true
 
 say "done: $(command -v refmount 2>/dev/null || echo "$BIN") -> $("$BIN" --version)"

@@ -31,6 +31,7 @@ import pytest
 from support import parquet_data as pdata
 from support.admin import (
     DEV_LOG,
+    INSTALLED_SERVE_UNIT,
     INSTALLED_UNIT,
     INSTALLED_VENV,
     PATH_LINK,
@@ -216,11 +217,13 @@ def test_install_sh_installs_this_checkout(installed):
         dst = package / src.relative_to(checkout)
         assert dst.read_bytes() == src.read_bytes(), f"{dst} is not this checkout's {src}"
     assert INSTALLED_UNIT.read_bytes() == (SYSTEMD_DIR / "refmount@.service").read_bytes()
-    example = Path("/etc/refmount/refmount.conf.example")
-    assert example.read_bytes() == (SYSTEMD_DIR / "refmount.conf.example").read_bytes()
-    # a configuration copied from the example may hold credentials: root's alone
-    modes = [stat.S_IMODE(p.stat().st_mode) for p in (example.parent, example)]
-    assert modes == [0o700, 0o600], [oct(m) for m in modes]
+    assert INSTALLED_SERVE_UNIT.read_bytes() == (SYSTEMD_DIR / "refmount-serve@.service").read_bytes()
+    for name in ("refmount.conf.example", "refmount-serve.conf.example"):
+        example = Path("/etc/refmount") / name
+        assert example.read_bytes() == (SYSTEMD_DIR / name).read_bytes()
+        # a configuration copied from the example may hold credentials: root's alone
+        modes = [stat.S_IMODE(p.stat().st_mode) for p in (example.parent, example)]
+        assert modes == [0o700, 0o600], [name, *(oct(m) for m in modes)]
 
 
 @pytest.mark.timeout(900)  # the first test to use the install waits for install.sh

@@ -92,7 +92,7 @@ class Place:
         srv.mkdir(parents=True)
         for name in ("data.json", "era5.json"):
             (srv / name).write_text(text)
-        for mnt in ("mnt/data", "mnt/era5", "mnt/d", "mnt/s3"):
+        for mnt in ("mnt/data", "mnt/era5", "mnt/d", "mnt/s3", "mnt/refs"):
             (base / mnt).mkdir(parents=True)
         self.env = cli_env()
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env['PATH']}"

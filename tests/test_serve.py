@@ -4,6 +4,7 @@ contract of the command (detached and -f with systemd's notify protocol)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -240,19 +241,25 @@ def test_slow_clients_leave_memory_bounded_and_others_served(serve, tmp_path):
 
 
 def test_port_in_use_is_one_error_line_and_nothing_left(datasets, tmp_path):
+    # the processes this start leaves are told apart from other tests' by a mark they inherit
+    mark = f"port-in-use-{os.getpid()}-{time.monotonic_ns()}"
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        before = {p.pid for p in psutil.process_iter()}
-        r = serve_cli(datasets.refs["hand_local"], "no_disk_cache", listen=f"127.0.0.1:{port}")
+        r = serve_cli(datasets.refs["hand_local"], "no_disk_cache", listen=f"127.0.0.1:{port}",
+                      extra_env={"REFMOUNT_TEST_MARK": mark})
         assert r.returncode == 1, r
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith("refmount: error: cannot listen on"), r.stderr
         assert "in use" in lines[0]
     time.sleep(0.5)
-    left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
-            and "refmount.httpdaemon" in " ".join(p.info["cmdline"] or [])]
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if "refmount" in " ".join(p.info["cmdline"] or []) and \
+                    p.environ().get("REFMOUNT_TEST_MARK") == mark:
+                left.append(p)
     assert not left, left
     r = serve_cli(datasets.refs["hand_local"], "no_disk_cache", listen="nonsense")
     assert r.returncode == 1 and r.stderr.startswith("refmount: error: listen must be HOST:PORT"), r.stderr

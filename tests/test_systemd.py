@@ -16,6 +16,7 @@ their commands are run as systemd would run them.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
@@ -50,6 +51,8 @@ from refmount.config import ConfigError, MountConfig, apply_options, split_optio
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
 SERVICE = SYSTEMD_DIR / "refmount@.service"
+SERVE_SERVICE = SYSTEMD_DIR / "refmount-serve@.service"
+SERVE_CONF_EXAMPLE = SYSTEMD_DIR / "refmount-serve.conf.example"
 MOUNT_UNIT = SYSTEMD_DIR / "mnt-data.mount"
 FSTAB_EXAMPLE = SYSTEMD_DIR / "fstab.example"
 CONF_EXAMPLE = SYSTEMD_DIR / "refmount.conf.example"
@@ -213,11 +216,12 @@ def test_units_pass_systemd_analyze_verify(installed, tmp_path):
     exe = systemd_analyze()
     units = tmp_path / "units"
     units.mkdir()
-    for f in (SERVICE, MOUNT_UNIT):
+    for f in (SERVICE, SERVE_SERVICE, MOUNT_UNIT):
         shutil.copy(f, units / f.name)
     instance = systemd_escape_path("/mnt/data")
     assert instance == "mnt-data"
-    for unit in (f"refmount@{instance}.service", "refmount@srv-refs-era5.service", MOUNT_UNIT.name):
+    for unit in (f"refmount@{instance}.service", "refmount@srv-refs-era5.service", MOUNT_UNIT.name,
+                 "refmount-serve@era5.service"):
         r = subprocess.run([exe, "verify", unit], capture_output=True, text=True, timeout=120,
                            cwd=units)
         assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), (
@@ -264,11 +268,12 @@ def test_service_settings():
     assert one("MemoryMax") == "2G" and one("TasksMax") == "512"
 
 
-def test_service_exposure_is_ok(tmp_path):
-    """``systemd-analyze security`` rates the unit as written (offline) at most 4.0, "OK"."""
+@pytest.mark.parametrize("service", [SERVICE, SERVE_SERVICE], ids=["mount", "serve"])
+def test_service_exposure_is_ok(tmp_path, service):
+    """``systemd-analyze security`` rates each unit as written (offline) at most 4.0, "OK"."""
     exe = systemd_analyze()
-    shutil.copy(SERVICE, tmp_path / SERVICE.name)
-    r = subprocess.run([exe, "security", "--offline=true", "--no-pager", SERVICE.name],
+    shutil.copy(service, tmp_path / service.name)
+    r = subprocess.run([exe, "security", "--offline=true", "--no-pager", service.name],
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     found = re.search(r"Overall exposure level for \S+: ([0-9.]+) (\w+)", r.stdout)
     assert found, r.stdout[-2000:] + r.stderr
@@ -430,3 +435,114 @@ def test_operations_doc_links_the_options_and_files():
     for word in ("user_allow_other", "fusermount3 -uz", "recover", "/usr/local/bin/refmount",
                  "systemd-escape --path", "NOTIFY_SOCKET", "journalctl", "scripts/install.sh"):
         assert word in doc, word
+
+
+# --- refmount-serve@.service ------------------------------------------------------------------
+
+
+def test_serve_service_settings():
+    unit = parse_unit(SERVE_SERVICE)
+
+    def one(key: str) -> str:
+        values = unit_values(unit, "Service", key)
+        assert len(values) == 1, f"{key}: {values}"
+        return values[0]
+
+    assert (one("Type"), one("NotifyAccess"), one("KillSignal")) == ("notify", "main", "SIGTERM")
+    assert one("EnvironmentFile") == "/etc/refmount/serve-%i.conf"
+    # SOURCE and the options reach refmount in its environment, never on its command line
+    start = one("ExecStart")
+    assert start.startswith("/usr/local/bin/refmount serve --env ") and " -f " in start + " "
+    assert "REFMOUNT_SOURCE" not in start and "REFMOUNT_OPTIONS" not in start
+    # no FUSE: no capability at all, its own user, its own cache directory
+    assert one("DynamicUser") == "yes" and one("CapabilityBoundingSet") == ""
+    assert one("CacheDirectory") == "refmount-serve/%i"
+    assert set(read_environment_file(SERVE_CONF_EXAMPLE)) == {
+        "REFMOUNT_SOURCE", "REFMOUNT_LISTEN", "REFMOUNT_OPTIONS"}
+
+
+NOBODY = 65534
+
+
+@pytest.mark.timeout(900)  # the first test to use the install waits for install.sh
+def test_serve_service_commands_as_systemd_runs_them(datasets, installed, public, tmp_path):
+    """refmount-serve@.service as systemd runs it: ExecStart with the specifiers expanded and the
+    environment of refmount-serve.conf.example (our paths, our port), as an unprivileged user
+    without capabilities (what DynamicUser= gives) owning only its cache directory (what
+    CacheDirectory= makes): READY=1 from the main PID once it answers, the set over HTTP,
+    SIGTERM (KillSignal) gives STOPPING=1, exit 0 and nothing left listening."""
+    import socket as socketlib
+    import urllib.request
+
+    data = public / "data"
+    data.mkdir()
+    shutil.copy(datasets.tiny, data / "tiny.bin")
+    (data / "tiny.bin").chmod(0o644)
+    source = public / "era5.json"
+    tiny = (data / "tiny.bin").read_bytes()
+    source.write_text(json.dumps({".zgroup": '{"zarr_format":2}', "hello.txt": "hello world\n",
+                                  "whole/tiny.bin": [str(data / "tiny.bin")]}))
+    source.chmod(0o644)
+    with socketlib.socket() as probe:  # a free loopback port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    unit = parse_unit(SERVE_SERVICE)
+    env = {}
+    for assignment in unit_values(unit, "Service", "Environment"):
+        k, _, v = assignment.partition("=")
+        env[k] = v
+    example = read_environment_file(SERVE_CONF_EXAMPLE)
+    example_opts = [o for o in split_options(example["REFMOUNT_OPTIONS"])
+                    if not o.startswith(("allow_local=", "log_level="))]
+    conf = tmp_path / "serve-era5.conf"
+    conf.write_text(
+        "# test copy of refmount-serve.conf.example\n"
+        f"REFMOUNT_SOURCE={source}\n"
+        f"REFMOUNT_LISTEN=127.0.0.1:{port}\n"
+        f"REFMOUNT_OPTIONS='{','.join([*example_opts, 'allow_local=' + str(data), 'log_level=info'])}'\n")
+    env.update(read_environment_file(conf))  # EnvironmentFile= wins over Environment=
+
+    cache_root = public / "cache"  # %C; CacheDirectory= makes %C/refmount-serve/era5 for the user
+    instance_cache = cache_root / "refmount-serve" / "era5"
+    instance_cache.mkdir(parents=True)
+    os.chown(instance_cache, NOBODY, NOBODY)
+    instance_cache.chmod(0o700)
+    spec = {"i": "era5", "I": "era5", "C": str(cache_root), "n": "refmount-serve@era5.service"}
+    [start] = unit_values(unit, "Service", "ExecStart")
+    argv, _ = expand_command(start, spec, env)
+    assert argv == ["/usr/local/bin/refmount", "serve", "--env", "--listen", f"127.0.0.1:{port}",
+                    "-f", "-o", f"cache_dir={instance_cache}"], argv
+    # DynamicUser=, CapabilityBoundingSet= (empty), NoNewPrivileges=yes
+    argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", *argv]
+    sock_dir = public / "notify"
+    sock_dir.mkdir()
+    notify = NotifySocket(sock_dir)
+    notify.path.chmod(0o666)  # systemd's socket accepts the service's user
+    err = tmp_path / "serve-service.stderr"
+    service_env = {"PATH": SYSTEMD_PATH, "LANG": "C.UTF-8", "HOME": "/"}
+    with open(err, "wb") as f:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=f,
+                                env=notify.env({**service_env, **env}))
+    try:
+        ready = notify.wait_for("READY", timeout=60, alive=proc)
+        assert ready.pid == proc.pid, "NotifyAccess=main would drop READY=1 from another PID"
+        assert psutil.Process(proc.pid).uids().real == NOBODY
+        cmdline = " ".join(psutil.Process(proc.pid).cmdline())
+        assert str(source) not in cmdline, "SOURCE on the command line"
+        base = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(f"{base}/whole/tiny.bin", timeout=30) as r:  # answers at READY
+            assert r.read() == tiny
+            assert r.headers["Access-Control-Allow-Origin"] == "*"  # the example's cors=*
+        with urllib.request.urlopen(f"{base}/.zmetadata", timeout=30) as r:
+            assert json.loads(r.read())["metadata"][".zgroup"] == {"zarr_format": 2}
+        kill_signal = unit_values(unit, "Service", "KillSignal")[0]
+        proc.send_signal(getattr(signal, kill_signal))
+        assert notify.wait_for("STOPPING", timeout=15).pid == proc.pid
+        assert proc.wait(timeout=20) == 0, err.read_text(errors="replace")
+        with socketlib.socket() as s, pytest.raises(ConnectionRefusedError):
+            s.connect(("127.0.0.1", port))
+    finally:
+        stop_proc(proc)
+        notify.close()

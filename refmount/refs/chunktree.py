@@ -19,7 +19,7 @@ import trio
 from ..errors import ReadError
 from ..tree import Entry, KeyTree, Node
 from .model import Ref
-from .parquet import ArraySpec, ParquetSet, RecordCache
+from .parquetset import ArraySpec, ParquetSet, RecordCache
 
 _CHUNK = 1 << 62
 _P_BITS, _LEVEL_BITS, _AID_BITS = 40, 6, 16

@@ -21,6 +21,7 @@ import ijson
 import zstandard
 
 from ..process import private_dir
+from ..tree import KeyTree
 from .format import Format, IndexFile, OpenedTree, Options
 from .index import (
     INDEX_FORMAT,
@@ -32,6 +33,7 @@ from .index import (
     write_index,
     write_temporary_index,
 )
+from .jsonparse import IntegerOverflow, MalformedJSON, Opener, json_error
 from .limits import DEFAULT_LIMITS, JsonReader, Limits
 from .model import Ref, ReferenceSetError
 from .nonfinite import NonFiniteWatch, filtered
@@ -40,13 +42,6 @@ from .source import open_source, source_identity
 log = logging.getLogger(__name__)
 
 V1_FIELDS = frozenset({"version", "templates", "gen", "refs"})
-
-Opener = Callable[[], IO[bytes]]
-
-
-class IntegerOverflow(ReferenceSetError):
-    """yajl (the C parser) stops at integers beyond 64 bits; such files are valid JSON and
-    are read again with ijson's pure-Python parser."""
 
 
 class SurrogateEscapes(ReferenceSetError):
@@ -83,25 +78,6 @@ class SurrogateWatch:
         self.close()
 
 
-class MalformedJSON(ReferenceSetError):
-    """The text is not JSON (as yajl reads it)."""
-
-
-def _json_error(name: str, err: Exception) -> ReferenceSetError:
-    # yajl's message is "parse error: <what>" + the text around the error + a "^" marker
-    # on further lines: keep the first line and quote the context, on one line.
-    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    if any("integer overflow" in ln for ln in lines):
-        return IntegerOverflow(f"{name}: integer beyond 64 bits")
-    msg = lines[0] if lines else type(err).__name__
-    context = [ln for ln in lines[1:] if "(right here)" not in ln]
-    if context:
-        msg += f" near {context[0][:60]!r}"
-    if len(msg) > 160:
-        msg = msg[:157] + "..."
-    return MalformedJSON(f"{name}: malformed JSON: {msg}")
-
-
 def detect_version(open_stream: Opener, name: str, backend: Any = ijson,
                    limits: Limits = DEFAULT_LIMITS) -> int:
     """0 or 1. Reads only as far as needed: the first top-level key decides unless it is
@@ -126,7 +102,7 @@ def detect_version(open_stream: Opener, name: str, backend: Any = ijson,
                 elif prefix == "" and event == "end_map":
                     break
         except ijson.JSONError as e:
-            raise _json_error(name, e) from None
+            raise json_error(name, e) from None
     return 0
 
 
@@ -136,7 +112,7 @@ def read_v0(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any 
         try:
             builder.add_items(backend.kvitems(JsonReader(f, name, limits), "", use_float=True))
         except ijson.JSONError as e:
-            raise _json_error(name, e) from None
+            raise json_error(name, e) from None
 
 
 # ---- parsing SOURCE into an IndexBuilder -----------------------------------------------------
@@ -200,7 +176,7 @@ def _build(opener: Opener, source: str, bad_keys: str, backend: Any, limits: Lim
     if version == 0:
         read_v0(opener, source, builder, backend, limits)
     else:
-        from .v1 import read_v1
+        from .v1 import read_v1  # jinja2 (its templates) only when a Version 1 set is parsed
 
         read_v1(opener, source, builder, backend, limits)
     return builder
@@ -280,8 +256,6 @@ class JsonFormat(Format):
     def open_tree(self, index: IndexFile, source: str, target_options: Options, *,
                   bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS,
                   relative: Callable[[str], bool] | None = None) -> OpenedTree:
-        from ..tree import KeyTree  # the tree layer sits above this package
-
         keys = KeyIndex.open(index.path)
         mtime_ns = os.stat(index.path).st_mtime_ns
         if index.temporary:

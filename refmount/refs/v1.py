@@ -34,7 +34,7 @@ from jinja2.sandbox import SecurityError
 
 from ..lru import LRU
 from .index import IndexBuilder, generated_why, key_too_long
-from .jsonrefs import Opener, _json_error
+from .jsonparse import Opener, json_error
 from .limits import DEFAULT_LIMITS, JsonReader, Limits
 from .model import INT64_MAX, ReferenceSetError
 from .sandbox import MAX_RENDERED, RENDER_MEMORY, BoundedSandbox, MemoryCap
@@ -629,7 +629,7 @@ def _read_section(open_stream: Opener, name: str, prefix: str, backend: Any, lim
             for value in backend.items(JsonReader(f, name, limits), prefix, use_float=True):
                 return value
         except ijson.JSONError as e:
-            raise _json_error(name, e) from None
+            raise json_error(name, e) from None
     return None
 
 
@@ -643,7 +643,7 @@ def _refs_must_be_an_object(open_stream: Opener, name: str, backend: Any, limits
                         raise ReferenceSetError(f"{name}: 'refs' must be an object of key: reference")
                     return
         except ijson.JSONError as e:
-            raise _json_error(name, e) from None
+            raise json_error(name, e) from None
 
 
 def read_v1(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any = ijson,
@@ -673,7 +673,7 @@ def read_v1(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any 
                     add(key, value, render)
                     n += 1
             except ijson.JSONError as e:
-                raise _json_error(name, e) from None
+                raise json_error(name, e) from None
         if n == 0:  # kvitems yields nothing for a 'refs' that is not an object: say so
             _refs_must_be_an_object(open_stream, name, backend, limits)
         check_key_count(name, entries, builder.keys_read, limits.max_keys)

@@ -37,6 +37,7 @@ INSTALL_SH = REPO / "scripts" / "install.sh"
 INSTALL_PREFIX = Path("/opt/refmount")
 INSTALLED_VENV = INSTALL_PREFIX / "venv"
 INSTALLED_UNIT = Path("/etc/systemd/system/refmount@.service")
+INSTALLED_SERVE_UNIT = Path("/etc/systemd/system/refmount-serve@.service")
 CONF_DIR = Path("/etc/refmount")
 PATH_LINK = Path("/usr/local/bin/refmount")
 FSTAB = Path("/etc/fstab")
@@ -88,7 +89,8 @@ class Installation:
 
 
 def installed_paths() -> list[Path]:
-    return [p for p in (INSTALL_PREFIX, PATH_LINK, INSTALLED_UNIT, CONF_DIR / "refmount.conf.example")
+    return [p for p in (INSTALL_PREFIX, PATH_LINK, INSTALLED_UNIT, INSTALLED_SERVE_UNIT,
+                        CONF_DIR / "refmount.conf.example", CONF_DIR / "refmount-serve.conf.example")
             if os.path.lexists(p)]
 
 

@@ -55,6 +55,10 @@ class FakeFetcher:
         await trio.sleep(self.latency)
         return self.size_
 
+    def problem(self, url: str, *, resolve: bool) -> str | None:
+        """As the Fetcher's: the policy's verdict on where ``url`` is read."""
+        return self.policy.problem(url, resolve=resolve)
+
 
 class FakeDisk:
     """A disk cache of the blocks in ``blocks``; its presence filter knows them exactly."""

@@ -33,6 +33,11 @@
   Faults apply to ``GET`` unless ``methods`` says otherwise.
 * Every request is recorded (:class:`Request`: time, method, path, query, headers, status,
   fault); ``count(path)`` counts them per path.
+* ``require_bearer(lifetime)`` makes every path but ``TOKEN_PATH`` answer ``401`` unless the
+  request carries ``Authorization: Bearer <token>`` with a token this server issued less than
+  ``lifetime`` seconds ago. ``GET TOKEN_PATH`` issues one: ``{"token": ..., "expiry": <epoch
+  seconds>}`` (what a credential process would ask an identity provider for);
+  ``tokens_issued()`` lists them with their expiries.
 * ``stop()`` ends stalls, closes open connections and joins the serving thread.
 
 Standalone use (serves DIR without faults until Ctrl-C)::
@@ -43,8 +48,10 @@ Standalone use (serves DIR without faults until Ctrl-C)::
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import secrets
 import socket
 import sys
 import threading
@@ -57,6 +64,7 @@ from urllib.parse import unquote, urlsplit
 FAULT_KINDS = ("status", "drop", "short", "extra", "ignore_range", "wrong_range", "stall",
                "stall_body", "delay", "endless", "encoded")
 MAX_STALL = 120.0  # no stall lasts longer than this, whatever the test asks
+TOKEN_PATH = "/_token"  # issues bearer tokens once require_bearer() is on
 
 
 @dataclass
@@ -150,6 +158,19 @@ class _Handler(BaseHTTPRequestHandler):
         rng = self.headers.get("Range")
         rec = Request(time.monotonic(), self.command, path, split.query,
                       {k: v for k, v in self.headers.items()}, rng, raw_target=self.path)
+        if srv._bearer_lifetime is not None and path == TOKEN_PATH:
+            srv._record(rec)
+            body = json.dumps(srv.issue_token()).encode()
+            self._send(rec, 200, {"Content-Type": "application/json",
+                                  "Content-Length": str(len(body))}, body, head)
+            return
+        if srv._bearer_lifetime is not None and not srv._authorized(
+                self.headers.get("Authorization", "")):
+            srv._record(rec)
+            body = b"401 no valid bearer token\n"
+            self._send(rec, 401, {"Content-Type": "text/plain", "WWW-Authenticate": "Bearer",
+                                  "Content-Length": str(len(body))}, body, head)
+            return
         fault = srv._take_fault(path, self.command)
         rec.fault = fault.kind if fault else None
         srv._record(rec)
@@ -291,6 +312,8 @@ class FaultServer:
         self.requests: list[Request] = []
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._bearer_lifetime: float | None = None
+        self._tokens: dict[str, float] = {}  # token -> expiry (time.time())
 
     # --- life cycle -----------------------------------------------------------------------
     def start(self) -> FaultServer:
@@ -385,6 +408,35 @@ class FaultServer:
                 f.used += 1
                 return f
         return None
+
+    # --- bearer tokens --------------------------------------------------------------------
+    def require_bearer(self, lifetime: float) -> None:
+        """From now on every path but ``TOKEN_PATH`` needs a token issued at most ``lifetime``
+        seconds ago (see the module's docstring)."""
+        with self._lock:
+            self._bearer_lifetime = lifetime
+
+    def issue_token(self) -> dict[str, object]:
+        """A new token and its expiry (seconds since the epoch)."""
+        with self._lock:
+            assert self._bearer_lifetime is not None, "require_bearer() first"
+            token = secrets.token_urlsafe(24)
+            expiry = time.time() + self._bearer_lifetime
+            self._tokens[token] = expiry
+        return {"token": token, "expiry": expiry}
+
+    def tokens_issued(self) -> dict[str, float]:
+        """Every token issued, in order, with its expiry."""
+        with self._lock:
+            return dict(self._tokens)
+
+    def _authorized(self, header: str) -> bool:
+        scheme, _, token = header.strip().partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        with self._lock:
+            expiry = self._tokens.get(token.strip())
+        return expiry is not None and time.time() < expiry
 
     # --- request log ----------------------------------------------------------------------
     def _record(self, rec: Request) -> None:

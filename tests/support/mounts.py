@@ -142,16 +142,18 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, timeout: float = CLI_TIMEOUT, cwd: str | None = None) -> CliResult:
+def run_cli(*args: str, timeout: float = CLI_TIMEOUT, cwd: str | None = None,
+            extra_env: dict[str, str] | None = None) -> CliResult:
     """Run ``python -m refmount ARGS`` with stdout/stderr sent to files (not pipes, so that a
-    daemon keeping them open cannot hang us) and wait for the command itself to exit."""
+    daemon keeping them open cannot hang us) and wait for the command itself to exit.
+    ``extra_env``: added to the environment (a daemon it starts inherits it)."""
     import tempfile
 
     argv = [*CLI, *map(str, args)]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                cwd=cwd or str(REPO), env=cli_env())
+                                cwd=cwd or str(REPO), env={**cli_env(), **(extra_env or {})})
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -81,13 +81,13 @@ class Served:
 
 
 def serve_cli(source: str | os.PathLike, *opts: str, listen: str = "127.0.0.1:0",
-              foreground: bool = False) -> CliResult:
+              foreground: bool = False, extra_env: dict[str, str] | None = None) -> CliResult:
     args = ["serve", str(source), "--listen", listen]
     if opts:
         args += ["-o", ",".join(opts)]
     if foreground:
         args.append("-f")
-    return run_cli(*args)
+    return run_cli(*args, extra_env=extra_env)
 
 
 class Servers:

@@ -25,8 +25,9 @@ from support.crashcodec import (
 )
 
 from refmount.chunkcodecs import ChunkCodecs
+from refmount.codecplan import DecodeError, plan_array
 from refmount.codecworker import CodecWorkers, WorkerDied, WorkerError
-from refmount.decoded import DecodedView, DecodeError, plan_array
+from refmount.decodedview import DecodedView
 
 MiB = 1 << 20
 

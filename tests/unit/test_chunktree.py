@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from refmount.refs import Ref, RefKind, chunktree
 from refmount.refs.chunktree import ChunkTree
 from refmount.refs.index import IndexBuilder, KeyIndex
-from refmount.refs.parquet import ArraySpec, ParquetSet, Record
+from refmount.refs.parquetset import ArraySpec, ParquetSet, Record
 from refmount.tree import ROOT_INODE, Node
 
 PATHS = ("a", "g/b", "g/h/c")

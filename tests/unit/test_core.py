@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import trio
 
-from refmount.cli import index_source
 from refmount.config import MountConfig, apply_options
 from refmount.core import SetCore, build_core
 from refmount.errors import ReadError
+from refmount.preparation import index_source
 
 DATA = bytes(range(256)) * 64
 

@@ -11,8 +11,8 @@ import refmount
 import refmount.api
 import refmount.config
 import refmount.mountpoint
+from refmount.codecplan import DecodeError
 from refmount.config import MountConfig, apply_options
-from refmount.decoded import DecodeError
 from refmount.errors import ConfigError, FetchError, MountError, ReadError
 from refmount.fetch import PastEnd, ShortRead
 

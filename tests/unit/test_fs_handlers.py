@@ -27,10 +27,10 @@ import pyfuse3
 import pytest
 import trio
 
-from refmount.cli import index_source
 from refmount.config import MountConfig, apply_options
 from refmount.daemon import build_filesystem
 from refmount.fs import XATTR_PREFIX, RefFS
+from refmount.preparation import index_source
 
 ROOT = pyfuse3.ROOT_INODE
 DATA = bytes(range(256)) * 40  # data.bin: 10,240 bytes, every byte tells its offset mod 256

@@ -14,11 +14,11 @@ import pyfuse3
 import pytest
 import trio
 
-from refmount.cli import index_source
 from refmount.config import MountConfig, apply_options
 from refmount.daemon import Mount, build_filesystem
 from refmount.errors import ReadError
 from refmount.fs import RefFS
+from refmount.preparation import index_source
 
 DATA = bytes(range(256)) * 1024  # 256 KiB target
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from refmount.decoded import DecodedView
+from refmount.decodedview import DecodedView
 from refmount.ncattrs import NCZARR_ATTR, is_fill_of, netcdf_type, netcdf_zattrs
 
 

@@ -21,7 +21,8 @@ import trio
 from refmount.errors import ReadError
 from refmount.refs import ReferenceSetError
 from refmount.refs.limits import DEFAULT_LIMITS, Limits
-from refmount.refs.parquet import ParquetFormat, Record, RecordCache, load_parquet_set
+from refmount.refs.parquet import ParquetFormat
+from refmount.refs.parquetset import Record, RecordCache, load_parquet_set
 from refmount.refs.zmetadata import MAX_VALUES
 
 MiB = 1 << 20
