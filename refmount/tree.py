@@ -189,9 +189,16 @@ class KeyTree:
             yield entry
 
     async def ref(self, node: Node) -> Ref:
-        return self.index.ref(node.index, view=True)
+        return self.ref_now(node)
 
     async def size(self, node: Node) -> int:
+        return self.size_now(node)
+
+    # ---- the same, synchronous: every answer is in the mapped index ---------------------
+    def ref_now(self, node: Node) -> Ref:
+        return self.index.ref(node.index, view=True)
+
+    def size_now(self, node: Node) -> int:
         """File size, or -1 when it is a whole-file target not yet measured."""
         return self.index.size(node.index)
 
