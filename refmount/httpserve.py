@@ -285,7 +285,8 @@ class HttpFrontEnd:
         state = plan.state
         first = plan.first
         assert first is not None
-        await response.prepare(request)
+        if not await self._prepare(request, response):
+            return response
         pos = start
         data: bytes | memoryview = first
         while True:
@@ -333,6 +334,15 @@ class HttpFrontEnd:
             return False
         return True
 
+    async def _prepare(self, request: BaseRequest, response: web.StreamResponse) -> bool:
+        """Send the headers; False if the client has gone (its connection closing)."""
+        try:
+            await response.prepare(request)
+        except ConnectionError:
+            self.stats.http_aborted += 1
+            return False
+        return True
+
     def _abort(self, request: BaseRequest, response: web.StreamResponse) -> web.StreamResponse:
         """Cut the connection: the client sees a transfer shorter than Content-Length."""
         self.stats.http_aborted += 1
@@ -360,7 +370,8 @@ class HttpFrontEnd:
         headers["Content-Type"] = "application/json" if as_json else "text/html; charset=utf-8"
         response = web.StreamResponse(status=200, headers=headers)
         response.enable_chunked_encoding()
-        await response.prepare(request)
+        if not await self._prepare(request, response):
+            return response
         if request.method != "HEAD":
             loop = asyncio.get_running_loop()
             try:

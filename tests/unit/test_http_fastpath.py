@@ -11,6 +11,7 @@ import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numcodecs
 import numpy as np
@@ -139,3 +140,22 @@ def test_answers_needing_io_or_decoding_enter_trio(tmp_path: Path) -> None:
 
     (tmp_path / "decoded").mkdir()
     serve(make_core(tmp_path / "decoded", "decode"), decoded)
+
+
+def test_a_client_gone_before_the_headers_is_counted_not_an_error(tmp_path: Path) -> None:
+    """Answered without a call into trio, a GET reaches its headers while a client that has
+    already gone is still being noticed: an aborted response, not an error of the handler."""
+    core = make_core(tmp_path)
+
+    async def body(get: Client, caller: CountingCaller) -> None:
+        await get("GET", "/raw/part")  # the block in memory
+        gone = mock.Mock()
+        gone.write_headers = mock.AsyncMock(return_value=None)
+        gone.send_headers = mock.Mock(side_effect=ConnectionResetError("Cannot write to closing transport"))
+        request = make_mocked_request("GET", "/raw/part", writer=gone)
+        response = await get.front.handle(request)
+        assert response.status == 200
+        assert get.front.counters()["http_aborted"] == 1
+        gone.write.assert_not_called()
+
+    serve(core, body)
