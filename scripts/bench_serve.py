@@ -304,6 +304,7 @@ def main() -> int:
     ap.add_argument("--rate-seconds", type=float, default=3.0)
     ap.add_argument("--no-peers", action="store_true", help="skip xpublish and the hypercorn prototype")
     ap.add_argument("--no-arrays", action="store_true", help="requests per second and RSS only")
+    ap.add_argument("--no-rates", action="store_true", help="zarr reading arrays and RSS only")
     args = ap.parse_args()
     work = Path(args.dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -371,7 +372,7 @@ def main() -> int:
         rate_servers.append(("nginx/mount", f"http://127.0.0.1:{mount_nginx.port}/", plain, mount_nginx))
         rate_servers.append(("nginx/files", base_files, plain, files_nginx))
         rates: dict[str, dict[str, list[dict[str, Any]]]] = results["rates"]
-        for rnd in range(args.rounds):
+        for rnd in range(0 if args.no_rates else args.rounds):
             for name, method, path in RATE_TESTS:
                 for label, url, names, server in rate_servers:
                     pid = server.pid if isinstance(server, Serve) else (
