@@ -7,8 +7,9 @@ consolidated metadata (``consolidated.py``) and CORS (``cors.py``) are modules o
 nothing here parses, fetches, caches or decodes.
 
 The server is aiohttp's low-level server on the asyncio loop trio runs as a guest of
-(``guestloop``): each request is an asyncio task, which calls the core in trio through
-``triocall.TrioCaller``.
+(``guestloop``): each request is an asyncio task. What needs no I/O (the tree answering from
+its index, a size known, bytes in memory) is answered there by the same lookups
+(``_plan_now``); the rest calls the core in trio through ``triocall.TrioCaller`` (``_plan``).
 
 What a response promises (docs/semantics.md, "The HTTP view"):
 
