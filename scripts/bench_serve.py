@@ -1,24 +1,39 @@
 #!/usr/bin/env python3
-"""Benchmark ``refmount serve`` against nginx: zarr reading a whole array over HTTP.
+"""Benchmark ``refmount serve`` against nginx and the Python peers: zarr reading a whole array
+over HTTP, and requests per second.
 
     .venv/bin/python scripts/bench_serve.py [--dir DIR] [--mib-64k 64] [--mib-1m 256] [--clients 1,16]
+        [--base CHECKOUT] [--rounds 3] [--no-peers]
 
-One data file (random bytes) is the origin, served by nginx on loopback. Three servers give the
+One data file (random bytes) is the origin, served by nginx on loopback. These servers give the
 same zarr arrays (``a``: 64 KiB chunks, ``b``: 1 MiB chunks, no compression) over HTTP:
 
 * ``refmount serve`` over a reference set whose targets are ranges of the origin file on nginx;
+* with ``--base CHECKOUT``, ``refmount serve`` of another checkout (``serve/base``: the
+  version to compare with), run alternately with this one in the same run, since the machine
+  is shared and its load changes;
 * nginx serving a refmount FUSE mount of the same reference set (``nginx/mount``);
 * nginx serving the original chunk files on local disk, in the page cache (``nginx/files``:
-  the bound; it has no cache of its own, so cold and warm are the same for it).
+  the bound; it has no cache of its own, so cold and warm are the same for it);
+* the Python peers (``bench_serve_peers.py``; skipped with ``--no-peers`` or when not
+  installed: ``pip install '.[bench]'``): xpublish with its zarr plugin over the set opened
+  with fsspec (zarr v3 keys, chunks encoded per request), and, for requests per second only,
+  ``hypercorn-trio``, a prototype of the other design considered for ``refmount serve``
+  (hypercorn's trio worker in the core's nursery). zarr-python's own HTTP server
+  (``zarr-http-server``) needs Python 3.12 and is not run on older interpreters.
 
 A client is a process reading its share of the array with zarr (FsspecStore over fsspec's
 HTTP file system); N clients read disjoint slices at once, started together. ``cold``: a fresh
 server or mount with empty caches (the origin file stays in the page cache: it stands for a
 fast store); ``warm``: the same read again. Every read is compared with the file.
 
-Also measured: HEAD requests per second (4 keep-alive connections) and the fetch counter
-after them; the server's RSS before and with 64 clients that request a large file and never
-read. Results are printed as a table and written as JSON next to the data.
+Requests per second (``wrk`` for GET, ``ab`` for HEAD, 16 keep-alive connections, a few
+seconds each, the servers measured in turn for ``--rounds`` rounds, the median kept, the load
+average and the server process's CPU time per request noted):
+``HEAD`` of a 1 MiB chunk (and the fetch counter after it), ``GET`` of a missing key, ``GET``
+of a 64 KiB and of a 1 MiB chunk already read (warm). Also: the server's RSS before and with
+64 clients that request a large file and never read. Results are printed as tables and
+written as JSON next to the data.
 
 Nothing here is imported by refmount or its tests.
 """
@@ -34,14 +49,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_lib import MiB, Nginx, ensure_data, fuse_unmount, refmount_daemon_pid, wait_gone
+from bench_lib import MiB, Nginx, ensure_data, fuse_unmount, proc_cpu, refmount_daemon_pid, wait_gone
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -49,10 +63,10 @@ PY = sys.executable
 CLIENT = r"""
 import json, sys, time
 import numpy as np, zarr
-url, local = sys.argv[1], sys.argv[5]
+url, local, fmt = sys.argv[1], sys.argv[5], int(sys.argv[6])
 lo, hi, start_at = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 store = zarr.storage.FsspecStore.from_url(url, read_only=True)
-arr = zarr.open_array(store=store, mode="r", zarr_format=2)
+arr = zarr.open_array(store=store, mode="r", zarr_format=fmt)
 time.sleep(max(0.0, start_at - time.time()))
 t0 = time.time()
 data = arr[lo:hi]
@@ -100,7 +114,8 @@ def build(work: Path, origin_url: str, data: Path, n64: int, n1m: int) -> Path:
     return path
 
 
-def read_array(base: str, arr: str, n_chunks: int, chunk: int, clients: int, local: Path) -> dict[str, Any]:
+def read_array(base: str, arr: str, n_chunks: int, chunk: int, clients: int, local: Path,
+               zarr_format: int = 2) -> dict[str, Any]:
     """``clients`` processes read disjoint slices of ``arr`` at once; MB/s and chunks/s."""
     elems = chunk // 8
     per = n_chunks // clients
@@ -109,7 +124,7 @@ def read_array(base: str, arr: str, n_chunks: int, chunk: int, clients: int, loc
     for c in range(clients):
         lo, hi = c * per * elems, (c + 1) * per * elems
         procs.append(subprocess.Popen([PY, "-c", CLIENT, base + arr, str(lo), str(hi), str(start_at),
-                                       str(local)], stdout=subprocess.PIPE,
+                                       str(local), str(zarr_format)], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     results = []
     for p in procs:
@@ -122,46 +137,48 @@ def read_array(base: str, arr: str, n_chunks: int, chunk: int, clients: int, loc
     elapsed = max(r["end"] for r in results) - min(r["start"] for r in results)
     total = sum(r["bytes"] for r in results)
     return {"MB/s": total / elapsed / 1e6, "chunks/s": per * clients / elapsed,
-            "verified": all(r["ok"] for r in results), "seconds": elapsed}
+            "verified": all(r["ok"] for r in results), "seconds": elapsed, "load": os.getloadavg()[0]}
 
 
-def head_rate(host: str, port: int, path: str, seconds: float = 4.0, conns: int = 4) -> float:
-    """HEAD requests per second over ``conns`` keep-alive connections (one thread each)."""
-    counts = [0] * conns
-    stop = time.monotonic() + seconds
-    request = f"HEAD {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
-
-    def worker(i: int) -> None:
-        with socket.create_connection((host, port)) as s:
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            buf = b""
-            while time.monotonic() < stop:
-                s.sendall(request)
-                while b"\r\n\r\n" not in buf:
-                    buf += s.recv(65536)
-                buf = buf.split(b"\r\n\r\n", 1)[1]
-                counts[i] += 1
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(conns)]
-    t0 = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(counts) / (time.monotonic() - t0)
+def request_rate(url: str, method: str, seconds: float = 3.0, conns: int = 16,
+                 pid: int | None = None) -> dict[str, Any]:
+    """Requests per second of ``method url`` over ``conns`` keep-alive connections, by ``wrk``
+    (one thread) for a GET and ``ab -i`` for a HEAD (wrk waits for a HEAD answer's body), with
+    the count of answers other than 2xx/3xx and the load average; with the server's ``pid``,
+    its CPU time per request (what the rate would be on a core of its own: 1/that), which
+    the other jobs on a shared machine change far less than the rate."""
+    if method == "HEAD":
+        cmd = ["ab", "-q", "-k", "-i", f"-c{conns}", f"-t{seconds:g}", "-n100000000", url]
+        rate_line, other_line = "Requests per second:", "Non-2xx responses:"
+    else:
+        cmd = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", url]
+        rate_line, other_line = "Requests/sec:", "Non-2xx or 3xx responses:"
+    cpu0 = proc_cpu(pid) if pid else None
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
+    cpu1 = proc_cpu(pid) if pid else None
+    rate = other = 0.0
+    for line in r.stdout.splitlines():
+        line = line.strip()
+        if line.startswith(rate_line):
+            rate = float(line[len(rate_line):].split()[0])
+        if line.startswith(other_line):
+            other = float(line[len(other_line):].split()[0])
+    done = rate * seconds
+    cpu_us = (cpu1 - cpu0) / done * 1e6 if cpu0 is not None and cpu1 is not None and done else None
+    return {"rate": rate, "non_2xx_3xx": other, "load": os.getloadavg()[0], "cpu_us": cpu_us}
 
 
 class Serve:
     """``refmount serve`` of the reference set, detached, stopped by its PID."""
 
-    def __init__(self, refs: Path, work: Path) -> None:
-        self.refs, self.work = refs, work
+    def __init__(self, refs: Path, work: Path, repo: Path = REPO) -> None:
+        self.refs, self.work, self.repo = refs, work, repo
         self.url, self.pid = "", 0
 
     def start(self) -> None:
         r = subprocess.run([PY, "-m", "refmount", "serve", str(self.refs), "--listen", "127.0.0.1:0",
                             "-o", f"no_disk_cache,log={self.work / 'serve.log'}"],
-                           capture_output=True, text=True, cwd=REPO, timeout=300)
+                           capture_output=True, text=True, cwd=self.repo, timeout=300)
         if r.returncode != 0:
             raise RuntimeError(r.stderr)
         url, pid = r.stdout.split()
@@ -186,6 +203,40 @@ class Serve:
                 os.kill(self.pid, signal.SIGTERM)
             wait_gone(self.pid, 20)
             self.pid = 0
+
+
+class Peer:
+    """A server of ``bench_serve_peers.py`` (a child process, stopped by its PID)."""
+
+    def __init__(self, kind: str, refs: Path, work: Path, prefix: str = "") -> None:
+        self.kind, self.refs, self.work, self.prefix = kind, refs, work, prefix
+        self.url, self.proc = "", None
+
+    def start(self) -> None:
+        err = open(self.work / f"{self.kind}.stderr", "wb")  # noqa: SIM115 (the child's)
+        self.proc = subprocess.Popen([PY, str(Path(__file__).with_name("bench_serve_peers.py")), self.kind,
+                                      str(self.refs)], stdout=subprocess.PIPE, stderr=err, text=True)
+        assert self.proc.stdout is not None
+        port = self.proc.stdout.readline().strip()
+        if not port:
+            raise RuntimeError(f"{self.kind} did not start: see {err.name}")
+        self.url = f"http://127.0.0.1:{port}/{self.prefix}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", int(port)), 0.2):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.kind} does not answer")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
 
 
 class FuseMount:
@@ -223,12 +274,37 @@ def slow_clients_rss(serve: Serve, n: int = 64) -> tuple[int, int]:
             c.close()
 
 
+RATE_TESTS = (  # (name, method, path under a server's base URL)
+    ("HEAD 1 MiB chunk", "HEAD", "{b}/0"),
+    ("GET missing key (404)", "GET", "nope/0"),
+    ("GET 64 KiB chunk, warm", "GET", "{a}/0"),
+    ("GET 1 MiB chunk, warm", "GET", "{b}/0"),
+)
+
+
+def have(*modules: str) -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "refmount-bench-serve"))
     ap.add_argument("--mib-64k", type=int, default=64, help="MiB of the 64 KiB-chunk array")
     ap.add_argument("--mib-1m", type=int, default=256, help="MiB of the 1 MiB-chunk array")
     ap.add_argument("--clients", default="1,16")
+    ap.add_argument("--base", type=Path, help="another refmount checkout to compare with (serve/base)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the requests-per-second tests")
+    ap.add_argument("--rate-seconds", type=float, default=3.0)
+    ap.add_argument("--no-peers", action="store_true", help="skip xpublish and the hypercorn prototype")
+    ap.add_argument("--no-arrays", action="store_true", help="requests per second and RSS only")
+    ap.add_argument("--no-rates", action="store_true", help="zarr reading arrays and RSS only")
     args = ap.parse_args()
     work = Path(args.dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -240,12 +316,36 @@ def main() -> int:
     ensure_data(data, size, log)
     origin = Nginx(origin_dir, work / "nginx-origin")
     origin.start()
-    results: dict[str, Any] = {"rows": []}
+    results: dict[str, Any] = {"rows": [], "rates": {}, "load_start": os.getloadavg()}
+    xpublish_ok = not args.no_peers and have("xpublish", "xpublish_zarr", "uvicorn")
+    hypercorn_ok = not args.no_peers and have("hypercorn")
+    if not args.no_peers and not (xpublish_ok and hypercorn_ok):
+        log("some Python peers are not installed (pip install '.[bench]'): skipped")
 
     def record(server: str, arr: str, c: int, p: str, r: dict[str, Any]) -> None:
         results["rows"].append({"server": server, "array": arr, "clients": c, "pass": p, **r})
-        log(f"{server} {arr} x{c} {p}: {r['MB/s']:.0f} MB/s {r['chunks/s']:.0f} chunks/s")
-    serve = mount = files_nginx = mount_nginx = None
+        log(f"{server} {arr} x{c} {p}: {r['MB/s']:.0f} MB/s {r['chunks/s']:.0f} chunks/s "
+            f"(load {r['load']:.1f}){'' if r['verified'] else ' MISMATCH'}")
+
+    running: list[Any] = []
+
+    def started(server: Any) -> Any:
+        server.start()
+        running.append(server)
+        return server
+
+    def stop(server: Any) -> None:
+        server.stop()
+        running.remove(server)
+
+    def serves() -> list[tuple[str, Any]]:
+        """Fresh servers of the set with empty caches, this checkout's and the base's."""
+        out = [("refmount serve", started(Serve(refs, work)))]
+        if args.base is not None:
+            out.append(("serve/base", started(Serve(refs, work / "base", args.base))))
+        return out
+
+    (work / "base").mkdir(exist_ok=True)
     try:
         refs = build(work, origin.url("data.bin"), data, n64, n1m)
         refs_obj = json.loads(refs.read_text())
@@ -253,76 +353,128 @@ def main() -> int:
         refs.write_text(json.dumps(refs_obj))
         clients = [int(c) for c in args.clients.split(",")]
         arrays = (("a", n64, 64 * 1024), ("b", n1m, MiB))
-
-        files_nginx = Nginx(work / "files", work / "nginx-files")
-        files_nginx.start()
+        files_nginx = started(Nginx(work / "files", work / "nginx-files"))
         base_files = f"http://127.0.0.1:{files_nginx.port}/"
-        for arr, n, chunk in arrays:
+
+        # ---- requests per second: every server up at once, measured in turn, round by round
+        rate_servers: list[tuple[str, str, dict[str, str], Any]] = []  # label, base URL, names, server
+        plain = {"a": "a", "b": "b"}
+        for label, s in serves():
+            rate_servers.append((label, s.url, plain, s))
+        if hypercorn_ok:
+            h = started(Peer("hypercorn-trio", refs, work))
+            rate_servers.append(("hypercorn-trio", h.url, plain, h))
+        if xpublish_ok:
+            x = started(Peer("xpublish", refs, work, "zarr/"))
+            rate_servers.append(("xpublish", x.url, {"a": "a/c", "b": "b/c"}, x))
+        mount = started(FuseMount(refs, work))
+        mount_nginx = started(Nginx(mount.mnt, work / "nginx-mount"))
+        rate_servers.append(("nginx/mount", f"http://127.0.0.1:{mount_nginx.port}/", plain, mount_nginx))
+        rate_servers.append(("nginx/files", base_files, plain, files_nginx))
+        rates: dict[str, dict[str, list[dict[str, Any]]]] = results["rates"]
+        for rnd in range(0 if args.no_rates else args.rounds):
+            for name, method, path in RATE_TESTS:
+                for label, url, names, server in rate_servers:
+                    pid = server.pid if isinstance(server, Serve) else (
+                        server.proc.pid if isinstance(server, Peer) and server.proc else None)
+                    r = request_rate(url + path.format(**names), method, args.rate_seconds, pid=pid)
+                    rates.setdefault(name, {}).setdefault(label, []).append(r)
+                    other = f" non-2xx/3xx: {r['non_2xx_3xx']:.0f}" if r["non_2xx_3xx"] else ""
+                    cpu = f", {r['cpu_us']:.0f} µs CPU each" if r["cpu_us"] else ""
+                    log(f"round {rnd} {name} {label}: {r['rate']:.0f}/s{cpu} (load {r['load']:.1f}){other}")
+                if rnd == 0 and method == "HEAD":
+                    for label, _, _, server in rate_servers:
+                        if isinstance(server, Serve):
+                            results[f"head_fetches {label}"] = server.stats()["requests"]
+        for _, _, _, server in rate_servers:
+            if server is not files_nginx:
+                stop(server)
+        stop(mount)
+
+        # ---- zarr reading whole arrays
+        for arr, n, chunk in ([] if args.no_arrays else arrays):
             for c in clients:
                 record("nginx/files", arr, c, "cold", read_array(base_files, arr, n, chunk, c, data))
-        results["head_nginx_files"] = head_rate("127.0.0.1", files_nginx.port, "/b/0")
-
-        for arr, n, chunk in arrays:
-            for c in clients:
-                mount = FuseMount(refs, work)
-                mount.start()
-                mount_nginx = Nginx(mount.mnt, work / "nginx-mount")
-                mount_nginx.start()
+                mount = started(FuseMount(refs, work))
+                mount_nginx = started(Nginx(mount.mnt, work / "nginx-mount"))
                 base = f"http://127.0.0.1:{mount_nginx.port}/"
                 for p in ("cold", "warm"):
                     record("nginx/mount", arr, c, p, read_array(base, arr, n, chunk, c, data))
-                mount_nginx.stop()
-                mount.stop()
-                mount = mount_nginx = None
+                stop(mount_nginx)
+                stop(mount)
+                fresh = serves()
+                if xpublish_ok:
+                    fresh.append(("xpublish", started(Peer("xpublish", refs, work, "zarr/"))))
+                for p in ("cold", "warm"):  # the servers alternate within each pass
+                    for label, s in fresh:
+                        fmt = 3 if label == "xpublish" else 2
+                        record(label, arr, c, p, read_array(s.url, arr, n, chunk, c, data, fmt))
+                for _, s in fresh:
+                    stop(s)
 
-        for arr, n, chunk in arrays:
-            for c in clients:
-                serve = Serve(refs, work)
-                serve.start()
-                for p in ("cold", "warm"):
-                    record("refmount serve", arr, c, p, read_array(serve.url, arr, n, chunk, c, data))
-                serve.stop()
-                serve = None
-
-        serve = Serve(refs, work)
-        serve.start()
-        port = int(serve.url.rsplit(":", 1)[1].strip("/"))
-        results["head_serve"] = head_rate("127.0.0.1", port, "/b/0")
-        results["head_serve_fetches"] = serve.stats()["requests"]
-        results["slow_clients_rss"] = slow_clients_rss(serve)
-        serve.stop()
-        serve = None
+        # ---- memory with slow clients
+        for label, s in serves():
+            results[f"slow_clients_rss {label}"] = slow_clients_rss(s)
+            stop(s)
     finally:
-        for s in (serve, mount_nginx, mount, files_nginx, origin):
-            if s is not None:
-                with contextlib.suppress(Exception):
-                    s.stop()
+        for s in [*reversed(running), origin]:
+            with contextlib.suppress(Exception):
+                s.stop()
     out = work / "results.json"
     out.write_text(json.dumps(results, indent=2))
-    print("| array | clients | pass | refmount serve MB/s (chunks/s) | nginx/mount | nginx/files |")
-    print("| --- | ---: | --- | ---: | ---: | ---: |")
+    print_tables(results, clients, args.base is not None, xpublish_ok)
+    print(f"(results: {out})")
+    return 0
+
+
+def print_tables(results: dict[str, Any], clients: list[int], with_base: bool, xpublish_ok: bool) -> None:
+    servers = ["refmount serve", *(["serve/base"] if with_base else []), "nginx/mount", "nginx/files",
+               *(["xpublish"] if xpublish_ok else [])]
     rows = results["rows"]
 
     def cell(server: str, arr: str, c: int, p: str) -> str:
         for r in rows:
-            if (r["server"], r["array"], r["clients"]) == (server, arr, c) and r["pass"] in (p, "cold"):
-                if server != "nginx/files" and r["pass"] != p:
-                    continue
+            if (r["server"], r["array"], r["clients"]) == (server, arr, c) and (
+                    r["pass"] == p or server == "nginx/files"):
                 mark = "" if r["verified"] else " MISMATCH"
-                return f"{r['MB/s']:.0f} ({r['chunks/s']:.0f}){mark}"
+                return f"{r['MB/s']:.0f} ({r['chunks/s']:.0f}, L{r['load']:.0f}){mark}"
         return "—"
 
-    for arr, _, chunk in (("a", 0, 64), ("b", 0, 1024)):
-        for c in [int(x) for x in args.clients.split(",")]:
-            for p in ("cold", "warm"):
-                print(f"| {chunk} KiB | {c} | {p} | {cell('refmount serve', arr, c, p)} | "
-                      f"{cell('nginx/mount', arr, c, p)} | {cell('nginx/files', arr, c, p)} |")
-    print(f"\nHEAD/s: refmount serve {results['head_serve']:.0f} "
-          f"(fetches after: {results['head_serve_fetches']}), nginx/files {results['head_nginx_files']:.0f}")
-    b, a = results["slow_clients_rss"]
-    print(f"refmount serve RSS: {b / MiB:.0f} MiB before, {a / MiB:.0f} MiB with 64 clients not reading")
-    print(f"(results: {out})")
-    return 0
+    if rows:
+        print("MB/s (chunks/s, load average) of zarr reading a whole array")
+        print("| chunks | clients | pass | " + " | ".join(servers) + " |")
+        print("| --- | ---: | --- |" + " ---: |" * len(servers))
+        for arr, chunk in (("a", "64 KiB"), ("b", "1 MiB")):
+            for c in clients:
+                for p in ("cold", "warm"):
+                    print(f"| {chunk} | {c} | {p} | "
+                          + " | ".join(cell(s, arr, c, p) for s in servers) + " |")
+    rates = results["rates"]
+    if rates:
+        labels = list(next(iter(rates.values())))
+        print("\nrequests/s (median of the rounds; load average at that round, the server's CPU time "
+              "per request)")
+        print("| request | " + " | ".join(labels) + " |")
+        print("| --- |" + " ---: |" * len(labels))
+        for name, by in rates.items():
+            cells = []
+            for label in labels:
+                runs = by.get(label, [])
+                if not runs:
+                    cells.append("—")
+                    continue
+                mid = sorted(runs, key=lambda r: r["rate"])[len(runs) // 2]
+                bad = " (not 2xx/3xx)" if mid["non_2xx_3xx"] and not name.startswith("GET missing") else ""
+                cpu = f", {mid['cpu_us']:.0f} µs" if mid.get("cpu_us") else ""
+                cells.append(f"{mid['rate']:,.0f} (L{mid['load']:.1f}{cpu}){bad}")
+            print(f"| {name} | " + " | ".join(cells) + " |")
+    for key, value in results.items():
+        if key.startswith("head_fetches"):
+            print(f"{key.split(' ', 1)[1]}: fetches after the HEAD round: {value}")
+        if key.startswith("slow_clients_rss"):
+            b, a = value
+            print(f"{key.split(' ', 1)[1]} RSS: {b / MiB:.0f} MiB before, {a / MiB:.0f} MiB with 64 clients "
+                  "not reading")
 
 
 if __name__ == "__main__":
