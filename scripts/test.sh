@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up the machine if needed, lint, and run the test suite: the unit tier first (tests/unit,
-# no FUSE, well under a minute: a broken core fails fast), then the mount tests (real FUSE).
+# no FUSE, well under a minute: a broken core fails fast), then the mount tests (real FUSE,
+# real servers), each module in one of two worker processes (pytest-xdist): most of their time
+# is spent waiting for daemons, servers and clients, so two run side by side on two cores.
 # Extra arguments go to one pytest run instead, e.g. scripts/test.sh -k readdir -x
 set -euo pipefail
 
@@ -19,5 +21,5 @@ fi
 echo "test: pytest tests/unit -q"
 .venv/bin/python -m pytest tests/unit -q
 
-echo "test: pytest tests -q --ignore=tests/unit"
-exec .venv/bin/python -m pytest tests -q --ignore=tests/unit
+echo "test: pytest tests -q --ignore=tests/unit -n 2 --dist loadfile"
+exec .venv/bin/python -m pytest tests -q --ignore=tests/unit -n 2 --dist loadfile
