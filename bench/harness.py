@@ -122,11 +122,11 @@ def others_cpu(sys0: float, sys1: float, own: float, s0: dict[int, tuple[float, 
     total = max(sys1 - sys0 - ours - kthreads, 0.0)
     per = sorted(((delta(p), p) for p, (_, ppid) in s1.items()
                   if p not in mine and p != os.getpid() and p != 2 and ppid != 2), reverse=True)
-    top = [(d, _short_cmd(p)) for d, p in per[:3] if d > 0]
+    top = [(d, short_cmd(p)) for d, p in per[:3] if d > 0]
     return total, top
 
 
-def _short_cmd(pid: int) -> str:
+def short_cmd(pid: int) -> str:
     cmd = " ".join(proc_cmdline(pid))
     if not cmd:
         with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as f:
@@ -278,22 +278,6 @@ def run_rusage(cmd: list[str], timeout: float, env: dict[str, str] | None = None
             time.sleep(0.002)
         err.seek(0)
         return p.returncode, err.read(), elapsed, ru.ru_maxrss * 1024
-
-
-def cpu_snapshot() -> dict[int, tuple[str, float]]:
-    """CPU seconds of every process on the machine (for 'other activity during the run')."""
-    out = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            pid = int(name)
-            cpu = proc_cpu(pid)
-            if cpu is not None:
-                name = " ".join(proc_cmdline(pid))[:100]
-                if not name:
-                    with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as f:
-                        name = f"[{f.read().strip()}]"
-                out[pid] = (name or f"[{pid}]", cpu)
-    return out
 
 
 def drop_page_cache(dirs: list[Path]) -> str:

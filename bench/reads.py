@@ -1230,7 +1230,7 @@ def run(args: argparse.Namespace, workloads: list[str], peers: list[str], work: 
     configure(args)
     bench = Bench(args, workloads, peers, work)
     load0 = os.getloadavg()
-    cpu0 = h.cpu_snapshot()
+    cpu0 = h.cpu_by_pid()
     interrupted = False
     try:
         bench.setup()
@@ -1240,9 +1240,9 @@ def run(args: argparse.Namespace, workloads: list[str], peers: list[str], work: 
         bench.log("interrupted: cleaning up")
     finally:
         bench.cleanup()
-    cpu1 = h.cpu_snapshot()
-    others = sorted(((c1 - cpu0[pid][1], name) for pid, (name, c1) in cpu1.items()
-                     if pid in cpu0 and pid != os.getpid() and c1 - cpu0[pid][1] >= 1.0), reverse=True)
+    cpu1 = h.cpu_by_pid()
+    others = sorted(((c1 - cpu0[pid][0], h.short_cmd(pid)) for pid, (c1, _) in cpu1.items()
+                     if pid in cpu0 and pid != os.getpid() and c1 - cpu0[pid][0] >= 1.0), reverse=True)
     notes = [
         *bench.machine(),
         f"- load average at start {load0[0]:.2f} / {load0[1]:.2f} / {load0[2]:.2f}; "

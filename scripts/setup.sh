@@ -6,7 +6,7 @@
 #   - `pip install -e '.[test]'`, skipped when pyproject.toml is unchanged since the last run.
 #
 # Usage: scripts/setup.sh [--bench]
-#   --bench  also install what the benchmarks (scripts/bench*.py) need for their fsspec FUSE peer
+#   --bench  also install what the benchmarks (bench/, python -m bench) need for their fsspec FUSE peer
 #            (Debian libfuse2 + PyPI fusepy, used by fsspec.fuse).
 set -euo pipefail
 
