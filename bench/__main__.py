@@ -12,11 +12,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench import inline, latency, parse, reads, scale
+from bench import inline, latency, parse, reads, scale, serve
 from bench.harness import PY, REPO
 from bench.report import Table, write_json
 
-MODULES: list[ModuleType] = [reads, latency, scale, inline, parse]
+MODULES: list[ModuleType] = [reads, latency, scale, inline, parse, serve]
 GROUPS = {"reads": list(reads.WORKLOADS)}  # the read-path table: bench run --workloads reads
 
 

@@ -43,7 +43,7 @@ from .refs import IndexFile, Ref, format_named
 from .refs.index import KeyIndex
 from .refs.limits import Limits
 from .stats import Stats
-from .tree import Tree
+from .tree import KeyTree, Tree
 from .urlenv import environment_identity
 
 __all__ = ["SetCore", "build_core"]
@@ -70,6 +70,13 @@ class SetCore:
         self._nursery: trio.Nursery | None = None
 
     # ---- what a front end asks -----------------------------------------------------------
+    @property
+    def key_tree(self) -> KeyTree | None:
+        """The tree when it answers every lookup, reference and size from the mapped index,
+        without I/O (``find``, ``ref_now``, ``size_now``): a set's own ``KeyTree``, not seen
+        through the decoded view; None for a tree that may load (Parquet) or decode."""
+        return self.tree if isinstance(self.tree, KeyTree) else None
+
     def array(self, node: Any) -> DecodedArray | None:
         """The decoded array whose chunk ``node`` is (None: served as referenced)."""
         if isinstance(self.tree, DecodedTree):

@@ -7,8 +7,9 @@ consolidated metadata (``consolidated.py``) and CORS (``cors.py``) are modules o
 nothing here parses, fetches, caches or decodes.
 
 The server is aiohttp's low-level server on the asyncio loop trio runs as a guest of
-(``guestloop``): each request is an asyncio task, which calls the core in trio through
-``triocall.TrioCaller``.
+(``guestloop``): each request is an asyncio task. What needs no I/O (the tree answering from
+its index, a size known, bytes in memory) is answered there by the same lookups
+(``_plan_now``); the rest calls the core in trio through ``triocall.TrioCaller`` (``_plan``).
 
 What a response promises (docs/semantics.md, "The HTTP view"):
 
@@ -112,6 +113,11 @@ class _BadPath(Exception):
     pass
 
 
+class _NeedsTrio(Exception):
+    """The answer needs I/O or waiting (a lookup that may load, a size to measure, bytes
+    not in memory, a decoded chunk): it is planned in trio."""
+
+
 def _split_path(raw: str) -> list[bytes]:
     """A request's path (still %-encoded) -> the names of its components; a trailing ``/``
     leaves an empty last name. ``.``, ``..`` and empty components name nothing."""
@@ -213,10 +219,13 @@ class HttpFrontEnd:
         except _BadPath:
             return self._plain(404, headers, "no such key")
         conditions = {name: request.headers.get(name) for name in CONDITION_HEADERS}
-        try:  # one call into trio: the lookup and, for a GET, the first piece of the body
-            plan = await self.caller.call(self._plan, parts, method, conditions)
-        except ReadError as e:
-            return self._failed(b"/".join(parts).decode(errors="replace"), e, headers)
+        try:  # answered here when no I/O is needed (a HEAD, a 304, a 404, bytes in memory)
+            plan = self._plan_now(parts, method, conditions)
+        except _NeedsTrio:
+            try:  # one call into trio: the lookup and, for a GET, the first piece of the body
+                plan = await self.caller.call(self._plan, parts, method, conditions)
+            except ReadError as e:
+                return self._failed(b"/".join(parts).decode(errors="replace"), e, headers)
         if plan is None:
             return self._plain(404, headers, "no such key")
         found = plan.found
@@ -277,7 +286,8 @@ class HttpFrontEnd:
         state = plan.state
         first = plan.first
         assert first is not None
-        await response.prepare(request)
+        if not await self._prepare(request, response):
+            return response
         pos = start
         data: bytes | memoryview = first
         while True:
@@ -291,8 +301,11 @@ class HttpFrontEnd:
             pos += want
             if pos >= stop:
                 break
+            want = min(stop - pos, READ_PIECE)
             try:
-                data = await self.caller.call(self._read, found, pos, min(stop - pos, READ_PIECE), state)
+                at_hand = self._read_now(found, pos, want)  # a block in memory: no call into trio
+                data = at_hand if at_hand is not None else await self.caller.call(
+                    self._read, found, pos, want, state)
             except ReadError as e:
                 if not e.logged:
                     log.error("key %s: %s: response cut off", found.key, e)
@@ -317,6 +330,15 @@ class HttpFrontEnd:
             log.info("a client read nothing for %g s: disconnected", self.client_timeout)
             self._abort(request, response)
             return False
+        except ConnectionError:
+            self.stats.http_aborted += 1
+            return False
+        return True
+
+    async def _prepare(self, request: BaseRequest, response: web.StreamResponse) -> bool:
+        """Send the headers; False if the client has gone (its connection closing)."""
+        try:
+            await response.prepare(request)
         except ConnectionError:
             self.stats.http_aborted += 1
             return False
@@ -349,7 +371,8 @@ class HttpFrontEnd:
         headers["Content-Type"] = "application/json" if as_json else "text/html; charset=utf-8"
         response = web.StreamResponse(status=200, headers=headers)
         response.enable_chunked_encoding()
-        await response.prepare(request)
+        if not await self._prepare(request, response):
+            return response
         if request.method != "HEAD":
             loop = asyncio.get_running_loop()
             try:
@@ -384,12 +407,46 @@ class HttpFrontEnd:
         ref = await tree.ref(node)
         size = await tree.size(node)
         array = self.core.array(node)
-        if array is None:
-            if size < 0:  # a whole-file target not yet measured: its size (no bytes fetched)
-                size = await self.core.reader.size(ref)
-            if ref.kind is RefKind.RANGE:
-                clipped = self.core.reader.clipped(ref)
-                size = size if clipped is None else clipped
+        if array is None and size < 0:  # a whole-file target not yet measured: its size (no bytes fetched)
+            size = await self.core.reader.size(ref)
+        return self._file_found(key, node, ref, size, array)
+
+    def _find_now(self, parts: list[bytes]) -> _Found | None:
+        """``_find`` without I/O, for a tree that answers from its index (``core.key_tree``);
+        ``_NeedsTrio`` when the answer needs more."""
+        tree = self.core.key_tree
+        if tree is None:
+            raise _NeedsTrio
+        node: Node | None = tree.root
+        names = parts[:-1] if parts[-1] == b"" else parts
+        for name in names:
+            assert node is not None
+            if not node.is_dir:
+                return None
+            node = tree.find(node, name)
+            if node is None:
+                if names == [b".zmetadata"]:
+                    if self._zmetadata is None:
+                        raise _NeedsTrio  # made once, in a worker thread
+                    return _Found(".zmetadata", None, False, len(self._zmetadata), data=self._zmetadata)
+                return None
+        assert node is not None
+        key = tree.path(node).decode("utf-8", "surrogateescape")
+        if node.is_dir:
+            return _Found(key, node, True)
+        if parts[-1] == b"":
+            return None  # a file named as a directory
+        size = tree.size_now(node)
+        if size < 0:
+            raise _NeedsTrio  # a whole-file target to measure
+        return self._file_found(key, node, tree.ref_now(node), size, None)
+
+    def _file_found(self, key: str, node: Node, ref: Ref, size: int, array: DecodedArray | None) -> _Found:
+        """A file with its served size: a range running past the end of its target (when
+        that is known) serves the bytes that exist."""
+        if array is None and ref.kind is RefKind.RANGE:
+            clipped = self.core.reader.clipped(ref)
+            size = size if clipped is None else clipped
         return _Found(key, node, False, size, ref, array)
 
     async def _plan(self, parts: list[bytes], method: str, conditions: dict[str, str | None]) -> _Plan | None:
@@ -419,23 +476,63 @@ class HttpFrontEnd:
                 plan.error = e
         return plan
 
+    def _plan_now(self, parts: list[bytes], method: str, conditions: dict[str, str | None]) -> _Plan | None:
+        """``_plan`` answered on the asyncio loop, with no call into trio, when it needs no
+        I/O: the tree answers from its index, the size is known and, for a GET, the first
+        piece of the body is in memory; ``_NeedsTrio`` otherwise."""
+        found = self._find_now(parts)
+        if found is None or found.is_dir:
+            return None if found is None else _Plan(found, 200, {})
+        get = method == "GET"
+        if get and found.ref is not None and found.ref.kind is RefKind.RANGE:
+            if not self.core.reader.settled(found.ref):
+                raise _NeedsTrio
+            found.size = self._settled_size(found.ref)
+        plan = self._decide(found, method, conditions)
+        if get and plan.status in (200, 206) and plan.start < plan.stop:
+            first = self._read_now(found, plan.start, min(plan.stop - plan.start, READ_PIECE))
+            if first is None:
+                raise _NeedsTrio
+            plan.first = first
+        return plan
+
     async def _settle(self, ref: Ref) -> int:
-        reader = self.core.reader
-        await reader.settle(ref)
-        clipped = reader.clipped(ref)
+        await self.core.reader.settle(ref)
+        return self._settled_size(ref)
+
+    def _settled_size(self, ref: Ref) -> int:
+        clipped = self.core.reader.clipped(ref)
         return ref.length if clipped is None else clipped
 
     async def _read(self, found: _Found, off: int, size: int, state: ReadState) -> bytes | memoryview:
+        data = self._read_now(found, off, size)
+        if data is not None:
+            return data
         stats = self.core.stats
         stats.reads += 1
-        if found.data is not None:
-            data: bytes | memoryview = found.data[off: off + size]
-        elif found.array is not None:
+        if found.array is not None:
             assert self.core.decoder is not None and found.ref is not None
             data = await self.core.decoder.read(found.key, found.array, found.ref, off, size)
         else:
             assert found.ref is not None
             data = await self.core.reader.read(found.ref, off, size, state)
+        stats.bytes_read += len(data)
+        return data
+
+    def _read_now(self, found: _Found, off: int, size: int) -> bytes | memoryview | None:
+        """The bytes when they are at hand (the synthesized ``.zmetadata``, inline bytes, a
+        block in memory), with no I/O; None otherwise."""
+        if found.data is not None:
+            data: bytes | memoryview | None = found.data[off: off + size]
+        elif found.array is not None:
+            return None
+        else:
+            assert found.ref is not None
+            data = self.core.reader.read_now(found.ref, off, size)
+            if data is None:
+                return None
+        stats = self.core.stats
+        stats.reads += 1
         stats.bytes_read += len(data)
         return data
 

@@ -87,6 +87,14 @@ class RefReader:
     async def settle(self, ref: Ref) -> int | None:
         return await self.sizes.settle(ref, lambda: self.read(ref, 0, 1))
 
+    def settled(self, ref: Ref) -> bool:
+        """Whether ``settle(ref)`` needs no I/O: nothing to find out, or its first read
+        would be a memory hit (then ``clipped`` already tells)."""
+        if not self.sizes.needs_settling(ref):
+            return True
+        return (ref.length <= self.whole_fetch_limit
+                and self.store.cached(tuple.__new__(BlockKey, (ref.url, ref.offset, ref.length))) is not None)
+
     async def size(self, ref: Ref) -> int:
         return await self.sizes.length(ref)
 
@@ -96,12 +104,12 @@ class RefReader:
     ) -> bytes | memoryview:
         """Bytes [off, off+size) of the reference. A view into a cached piece where one
         piece covers the request: the FUSE reply copies from it, so we do not copy first."""
-        if ref.kind is RefKind.INLINE:
-            assert ref.data is not None
-            return ref.data[off : off + size]
+        now = self.read_now(ref, off, size)
+        if now is not None:
+            return now
         assert ref.url is not None
         url = ref.url
-        total = self.sizes.known_length(ref)  # no coroutine on the hot path
+        total = self.sizes.known_length(ref)
         if total is None:
             total = await self.sizes.length(ref)
         end = min(off + size, total)
@@ -110,13 +118,7 @@ class RefReader:
         if ref.kind is not RefKind.RANGE or total > self.whole_fetch_limit:
             return await self._read_blocks(url, ref.offset, total, off, end, state)
         start = ref.offset
-        # A memory hit (most reads) is one dict lookup; the key is made without the
-        # Python-level __new__ a NamedTuple has (the same BlockKey, for half the time).
         key = tuple.__new__(BlockKey, (url, start, total))
-        cached = self.store.cached(key)
-        if cached is not None:
-            self.stats.memory_hits += 1
-            return memoryview(cached)[off:end]
         store = self.store
         if not store.loading(key):
             in_order = self.order.follows(url, start, start + total) if off == 0 else False
@@ -142,6 +144,28 @@ class RefReader:
 
         data = await store.load(key, fetch_whole)
         return memoryview(data)[off:end]
+
+    def read_now(self, ref: Ref, off: int, size: int) -> bytes | memoryview | None:
+        """What ``read`` answers without I/O or waiting, None when it must load: inline
+        bytes, and a range up to ``whole_fetch_limit`` whose block is in memory (most
+        reads; a view into it, no copy). Callable outside trio (the HTTP front end answers
+        such requests on the asyncio loop)."""
+        if ref.kind is RefKind.INLINE:
+            assert ref.data is not None
+            return ref.data[off : off + size]
+        total = self.sizes.known_length(ref)
+        if total is None or ref.kind is not RefKind.RANGE or total > self.whole_fetch_limit:
+            return None
+        end = min(off + size, total)
+        if off >= end:
+            return b""
+        # A memory hit is one dict lookup; the key is made without the Python-level
+        # __new__ a NamedTuple has (the same BlockKey, for half the time).
+        cached = self.store.cached(tuple.__new__(BlockKey, (ref.url, ref.offset, total)))
+        if cached is None:
+            return None
+        self.stats.memory_hits += 1
+        return memoryview(cached)[off:end]
 
     def _prefetch_hit(self, key: BlockKey, data: Block, in_grid_blocks: bool) -> None:
         """A key served from a prefetched stretch for the first time."""

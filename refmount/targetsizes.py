@@ -94,6 +94,12 @@ class TargetSizes:
                 self.memory.put(BlockKey(url, start, len(e.data)), e.data)
             return e.data
 
+    def needs_settling(self, ref: Ref) -> bool:
+        """Whether ``settle`` has something to find out: a range whose target's size is not
+        known yet (no I/O)."""
+        return (ref.kind is RefKind.RANGE and ref.url is not None and ref.length > 0
+                and ref.url not in self._sizes)
+
     async def settle(self, ref: Ref, first_read: Callable[[], Awaitable[object]]) -> int | None:
         """Whether a range runs past the end of its target, found out before its first
         read: the bytes that exist, or None (``clipped``). For a range up to
@@ -101,11 +107,11 @@ class TargetSizes:
         in memory for the reads that follow), which tells the target's size if it ends
         inside the range (through ``cat``). For a larger one, read in blocks and often not
         from its start, the target's size is asked for, once per target."""
-        if ref.kind is not RefKind.RANGE or ref.url is None or ref.length <= 0:
-            return None
-        if ref.url not in self._sizes:
-            if ref.length <= self.whole_fetch_limit:
-                await first_read()
-            else:
-                self._sizes.put(ref.url, await self.fetcher.size(ref.url))
+        if not self.needs_settling(ref):
+            return self.clipped(ref)
+        assert ref.url is not None
+        if ref.length <= self.whole_fetch_limit:
+            await first_read()
+        else:
+            self._sizes.put(ref.url, await self.fetcher.size(ref.url))
         return self.clipped(ref)

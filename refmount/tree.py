@@ -134,15 +134,18 @@ class KeyTree:
     def find(self, parent: Node, name: bytes) -> Node | None:
         if not parent.is_dir or not name or b"/" in name:
             return None
-        lo, hi, prefix = self._dir_range(parent)
-        target = prefix + name
+        # No upper bound of the directory's run is needed: every key from its first on that
+        # is not in it sorts after all that are ("a/b0" > "a/b/..."), so ``target`` and
+        # ``target/`` are found from the run's start alone (one binary search fewer).
+        target = self.dir_prefix(parent) + name
         idx = self.index
-        j = idx.bisect(target, lo, hi)
-        if j < hi and idx.key(j) == target:
+        n = idx.n
+        j = idx.bisect(target, max(parent.index, 0))
+        if j < n and idx.key(j) == target:
             return Node(self.file_ino(j), False, j, parent.depth + 1)
         sub = target + b"/"
-        j = idx.bisect(sub, j, hi)
-        if j < hi and idx.key(j).startswith(sub):
+        j = idx.bisect(sub, j)
+        if j < n and idx.key(j).startswith(sub):
             return Node(self.dir_ino(j, parent.depth + 1), True, j, parent.depth + 1)
         return None
 
@@ -189,9 +192,16 @@ class KeyTree:
             yield entry
 
     async def ref(self, node: Node) -> Ref:
-        return self.index.ref(node.index, view=True)
+        return self.ref_now(node)
 
     async def size(self, node: Node) -> int:
+        return self.size_now(node)
+
+    # ---- the same, synchronous: every answer is in the mapped index ---------------------
+    def ref_now(self, node: Node) -> Ref:
+        return self.index.ref(node.index, view=True)
+
+    def size_now(self, node: Node) -> int:
         """File size, or -1 when it is a whole-file target not yet measured."""
         return self.index.size(node.index)
 

@@ -6,8 +6,9 @@
 #   - `pip install -e '.[test]'`, skipped when pyproject.toml is unchanged since the last run.
 #
 # Usage: scripts/setup.sh [--bench]
-#   --bench  also install what the benchmarks (bench/, python -m bench) need for their fsspec FUSE peer
-#            (Debian libfuse2 + PyPI fusepy, used by fsspec.fuse).
+#   --bench  also install what the benchmarks (bench/, python -m bench) need: their fsspec FUSE
+#            peer (Debian libfuse2 + PyPI fusepy, used by fsspec.fuse), the load generators of
+#            the serve workload (wrk, ab) and its Python peers ('.[bench]': xpublish, hypercorn).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,7 +18,7 @@ for arg in "$@"; do
     case "$arg" in
         --bench) BENCH=1 ;;
         -h | --help)
-            sed -n '2,10p' "$0"
+            sed -n '2,11p' "$0"
             exit 0
             ;;
         *)
@@ -43,7 +44,8 @@ say() { printf 'setup: %s\n' "$*"; }
 PKGS=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv
     netcdf-bin nginx-light attr curl psmisc systemd gdal-bin cdo nco chromium python3-seccomp)
 if [ "$BENCH" -eq 1 ]; then
-    PKGS+=(libfuse2)
+    # wrk (GET) and apache2-utils' ab (HEAD: wrk waits for a HEAD answer's body): the serve workload
+    PKGS+=(libfuse2 wrk apache2-utils)
 fi
 
 apt_ensure "${PKGS[@]}"
@@ -78,6 +80,8 @@ if [ "$BENCH" -eq 1 ]; then
         say "pip install fusepy (fsspec FUSE peer for the benchmark)"
         .venv/bin/python -m pip install -q --disable-pip-version-check fusepy
     fi
+    say "pip install -e '.[bench]' (the serve workload's Python peers)"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[bench]'
 fi
 
 say "done"

@@ -726,7 +726,9 @@ class _KeySequence:
     __slots__ = ("_buf", "_n", "_off")
 
     def __init__(self, off: np.ndarray, buf: memoryview, n: int) -> None:
-        self._off, self._buf, self._n = off, buf, n
+        # offsets through a memoryview: its items are Python ints, a numpy array's are numpy
+        # scalars, several times slower to make and to slice with (each probe of a lookup)
+        self._off, self._buf, self._n = memoryview(off), buf, n
 
     def __len__(self) -> int:
         return self._n
