@@ -6,9 +6,9 @@
 #   - `pip install -e '.[test]'`, skipped when pyproject.toml is unchanged since the last run.
 #
 # Usage: scripts/setup.sh [--bench]
-#   --bench  also install what the benchmarks (scripts/bench*.py) need: their fsspec FUSE peer
-#            (Debian libfuse2 + PyPI fusepy, used by fsspec.fuse), the load generators of
-#            bench_serve.py (wrk, ab) and its Python peers ('.[bench]': xpublish, hypercorn).
+#   --bench  also install what the benchmarks (bench/, python -m bench) need: their fsspec FUSE
+#            peer (Debian libfuse2 + PyPI fusepy, used by fsspec.fuse), the load generators of
+#            the serve workload (wrk, ab) and its Python peers ('.[bench]': xpublish, hypercorn).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -44,7 +44,7 @@ say() { printf 'setup: %s\n' "$*"; }
 PKGS=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv
     netcdf-bin nginx-light attr curl psmisc systemd gdal-bin cdo nco chromium python3-seccomp)
 if [ "$BENCH" -eq 1 ]; then
-    # wrk (GET) and apache2-utils' ab (HEAD: wrk waits for a HEAD answer's body): bench_serve.py
+    # wrk (GET) and apache2-utils' ab (HEAD: wrk waits for a HEAD answer's body): the serve workload
     PKGS+=(libfuse2 wrk apache2-utils)
 fi
 
@@ -80,7 +80,7 @@ if [ "$BENCH" -eq 1 ]; then
         say "pip install fusepy (fsspec FUSE peer for the benchmark)"
         .venv/bin/python -m pip install -q --disable-pip-version-check fusepy
     fi
-    say "pip install -e '.[bench]' (bench_serve.py's Python peers)"
+    say "pip install -e '.[bench]' (the serve workload's Python peers)"
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[bench]'
 fi
 

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from support.mounts import CLI, REPO, cli_env, daemon_procs, fusermount_u, is_mounted, wait_gone
-
-sys.path.insert(0, str(REPO / "scripts"))
+from support.mounts import CLI, cli_env, daemon_procs, fusermount_u, is_mounted, wait_gone
+from support.scaleset import Layout, generate_v0
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
 
@@ -24,14 +22,12 @@ SETTLE = 2.0  # seconds after READY before RSS is read (start-up buffers freed)
 
 @pytest.fixture(scope="module")
 def big_set(tmp_path_factory) -> Path:
-    """A Version 0 set of 300,000 keys over sparse local targets (scripts/bench_scale.py's
-    layout): 20 MB of JSON whose parse peaks far above the serving RSS."""
-    import bench_scale
-
+    """A Version 0 set of 300,000 keys over sparse local targets (the scale benchmark's layout):
+    20 MB of JSON whose parse peaks far above the serving RSS."""
     base = tmp_path_factory.mktemp("foreground-set")
-    layout = bench_scale.Layout(keys=KEYS, arrays=10, targets=50, target_dir=base / "targets")
+    layout = Layout(keys=KEYS, arrays=10, targets=50, target_dir=base / "targets")
     path = base / "refs.json"
-    bench_scale.generate_v0(layout, path)
+    generate_v0(layout, path)
     return path
 
 

@@ -1,6 +1,6 @@
 """The read path of issue 4 under real mounts: merging of neighbouring ranges, the disk-cache
 writer process, and zero-copy replies that span blocks. (Throughput is measured by
-scripts/bench.py, never asserted here.)"""
+python -m bench, never asserted here.)"""
 
 from __future__ import annotations
 

@@ -1,41 +1,32 @@
-#!/usr/bin/env python3
-"""Benchmark ``refmount serve`` against nginx and the Python peers: zarr reading a whole array
-over HTTP, and requests per second.
+"""The ``serve`` workload: ``refmount serve`` next to nginx and the Python peers, zarr reading
+a whole array over HTTP, and requests per second.
 
-    .venv/bin/python scripts/bench_serve.py [--dir DIR] [--mib-64k 64] [--mib-1m 256] [--clients 1,16]
-        [--base CHECKOUT] [--rounds 3] [--no-peers]
+One data file (random bytes) is the origin, served by nginx on loopback. These servers (peers)
+give the same zarr arrays (``a``: 64 KiB chunks, ``b``: 1 MiB chunks, no compression) over HTTP:
 
-One data file (random bytes) is the origin, served by nginx on loopback. These servers give the
-same zarr arrays (``a``: 64 KiB chunks, ``b``: 1 MiB chunks, no compression) over HTTP:
-
-* ``refmount serve`` over a reference set whose targets are ranges of the origin file on nginx;
-* with ``--base CHECKOUT``, ``refmount serve`` of another checkout (``serve/base``: the
-  version to compare with), run alternately with this one in the same run, since the machine
-  is shared and its load changes;
-* nginx serving a refmount FUSE mount of the same reference set (``nginx/mount``);
-* nginx serving the original chunk files on local disk, in the page cache (``nginx/files``:
-  the bound; it has no cache of its own, so cold and warm are the same for it);
-* the Python peers (``bench_serve_peers.py``; skipped with ``--no-peers`` or when not
-  installed: ``pip install '.[bench]'``): xpublish with its zarr plugin over the set opened
-  with fsspec (zarr v3 keys, chunks encoded per request), and, for requests per second only,
-  ``hypercorn-trio``, a prototype of the other design considered for ``refmount serve``
-  (hypercorn's trio worker in the core's nursery). zarr-python's own HTTP server
-  (``zarr-http-server``) needs Python 3.12 and is not run on older interpreters.
+* ``refmount``: ``refmount serve`` over a reference set whose targets are ranges of the origin;
+  with ``--base CHECKOUT`` also ``refmount serve`` of another checkout (``serve/base``: the
+  version to compare with), run alternately with this one, since the machine's load changes;
+* ``nginx-mount``: nginx serving a refmount FUSE mount of the same reference set;
+* ``nginx-files``: nginx serving the original chunk files from the page cache (the bound; it
+  has no cache of its own, so cold and warm are the same for it);
+* the Python peers (``serve_peers.py``; skipped when not installed: ``pip install '.[bench]'``):
+  ``xpublish`` with its zarr plugin over the set opened with fsspec (zarr v3 keys, chunks
+  encoded per request) and, for requests per second only, ``hypercorn-trio``, a prototype of
+  the other design considered for ``refmount serve`` (hypercorn's trio worker in the core's
+  nursery). zarr-python's own HTTP server needs Python 3.12 and is not run on older ones.
 
 A client is a process reading its share of the array with zarr (FsspecStore over fsspec's
-HTTP file system); N clients read disjoint slices at once, started together. ``cold``: a fresh
-server or mount with empty caches (the origin file stays in the page cache: it stands for a
-fast store); ``warm``: the same read again. Every read is compared with the file.
+HTTP file system); N clients (``--clients``) read disjoint slices at once, started together.
+``cold``: a fresh server or mount with empty caches (the origin stays in the page cache: it
+stands for a fast store); ``warm``: the same read again. Every read is compared with the file.
 
-Requests per second (``wrk`` for GET, ``ab`` for HEAD, 16 keep-alive connections, a few
-seconds each, the servers measured in turn for ``--rounds`` rounds, the median kept, the load
-average and the server process's CPU time per request noted):
-``HEAD`` of a 1 MiB chunk (and the fetch counter after it), ``GET`` of a missing key, ``GET``
-of a 64 KiB and of a 1 MiB chunk already read (warm). Also: the server's RSS before and with
-64 clients that request a large file and never read. Results are printed as tables and
-written as JSON next to the data.
-
-Nothing here is imported by refmount or its tests.
+Requests per second (``wrk`` for GET, ``ab`` for HEAD, 16 keep-alive connections, a few seconds
+each, the servers measured in turn for ``--rounds`` rounds, the median kept, the load average
+and the server process's CPU time per request noted): ``HEAD`` of a 1 MiB chunk (and the fetch
+counter after it), ``GET`` of a missing key, ``GET`` of a 64 KiB and of a 1 MiB chunk already
+read (warm). Also: the server's RSS before and with 64 clients that request a large file and
+never read.
 """
 
 from __future__ import annotations
@@ -48,17 +39,19 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import harness as h
+from bench.report import Table
 
-from bench_lib import MiB, Nginx, ensure_data, fuse_unmount, proc_cpu, refmount_daemon_pid, wait_gone
-
-REPO = Path(__file__).resolve().parent.parent
-PY = sys.executable
+MiB = h.MiB
+PY = h.PY
+WORKLOADS = {"serve": "refmount serve, nginx over a mount, nginx on the files, xpublish: zarr over HTTP, "
+             "requests/s, RSS"}
+PEERS = ("refmount", "nginx-mount", "nginx-files", "xpublish", "hypercorn-trio")
+TITLES = {"refmount": "refmount serve", "nginx-mount": "nginx/mount", "nginx-files": "nginx/files"}
 
 CLIENT = r"""
 import json, sys, time
@@ -83,19 +76,13 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def zarray(n_chunks: int, chunk_bytes: int) -> dict[str, Any]:
-    elems = chunk_bytes // 8
-    return {"zarr_format": 2, "shape": [n_chunks * elems], "chunks": [elems], "dtype": "<f8",
-            "compressor": None, "filters": None, "fill_value": None, "order": "C",
-            "dimension_separator": "."}
-
-
 def build(work: Path, origin_url: str, data: Path, n64: int, n1m: int) -> Path:
-    """The reference set (targets on the origin) and the original chunk files."""
-    refs: dict[str, Any] = {".zgroup": json.dumps({"zarr_format": 2})}
+    """The reference set (targets on the origin; ``whole`` = the origin file) and the original
+    chunk files."""
+    refs: dict[str, Any] = {".zgroup": json.dumps({"zarr_format": 2}), "whole": [origin_url]}
     files = work / "files"
     for name, n, size in (("a", n64, 64 * 1024), ("b", n1m, MiB)):
-        meta = json.dumps(zarray(n, size))
+        meta = h.zarray(n, size)
         refs[f"{name}/.zarray"] = meta
         refs[f"{name}/.zattrs"] = json.dumps({"_ARRAY_DIMENSIONS": [name]})
         for i in range(n):
@@ -153,9 +140,9 @@ def request_rate(url: str, method: str, seconds: float = 3.0, conns: int = 16,
     else:
         cmd = ["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", url]
         rate_line, other_line = "Requests/sec:", "Non-2xx or 3xx responses:"
-    cpu0 = proc_cpu(pid) if pid else None
+    cpu0 = h.proc_cpu(pid) if pid else None
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
-    cpu1 = proc_cpu(pid) if pid else None
+    cpu1 = h.proc_cpu(pid) if pid else None
     rate = other = 0.0
     for line in r.stdout.splitlines():
         line = line.strip()
@@ -171,14 +158,15 @@ def request_rate(url: str, method: str, seconds: float = 3.0, conns: int = 16,
 class Serve:
     """``refmount serve`` of the reference set, detached, stopped by its PID."""
 
-    def __init__(self, refs: Path, work: Path, repo: Path = REPO) -> None:
+    def __init__(self, refs: Path, work: Path, repo: Path = h.REPO) -> None:
         self.refs, self.work, self.repo = refs, work, repo
         self.url, self.pid = "", 0
 
     def start(self) -> None:
         r = subprocess.run([PY, "-m", "refmount", "serve", str(self.refs), "--listen", "127.0.0.1:0",
                             "-o", f"no_disk_cache,log={self.work / 'serve.log'}"],
-                           capture_output=True, text=True, cwd=self.repo, timeout=300)
+                           capture_output=True, text=True, cwd=self.repo, timeout=300,
+                           env=dict(os.environ, PYTHONPATH=str(self.repo)))
         if r.returncode != 0:
             raise RuntimeError(r.stderr)
         url, pid = r.stdout.split()
@@ -191,22 +179,18 @@ class Serve:
             return json.loads(f.read())
 
     def rss(self) -> int:
-        with open(f"/proc/{self.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        return 0
+        return h.proc_status(self.pid).get("VmRSS", 0)
 
     def stop(self) -> None:
         if self.pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGTERM)
-            wait_gone(self.pid, 20)
+            h.wait_gone(self.pid, 20)
             self.pid = 0
 
 
 class Peer:
-    """A server of ``bench_serve_peers.py`` (a child process, stopped by its PID)."""
+    """A server of ``serve_peers.py`` (a child process, stopped by its PID)."""
 
     def __init__(self, kind: str, refs: Path, work: Path, prefix: str = "") -> None:
         self.kind, self.refs, self.work, self.prefix = kind, refs, work, prefix
@@ -214,8 +198,8 @@ class Peer:
 
     def start(self) -> None:
         err = open(self.work / f"{self.kind}.stderr", "wb")  # noqa: SIM115 (the child's)
-        self.proc = subprocess.Popen([PY, str(Path(__file__).with_name("bench_serve_peers.py")), self.kind,
-                                      str(self.refs)], stdout=subprocess.PIPE, stderr=err, text=True)
+        self.proc = subprocess.Popen([PY, "-m", "bench.serve_peers", self.kind, str(self.refs)],
+                                     stdout=subprocess.PIPE, stderr=err, text=True, env=h.checkout_env())
         assert self.proc.stdout is not None
         port = self.proc.stdout.readline().strip()
         if not port:
@@ -242,17 +226,15 @@ class Peer:
 class FuseMount:
     def __init__(self, refs: Path, work: Path) -> None:
         self.refs, self.mnt = refs, work / "mnt"
+        self.mount: h.Mount | None = None
 
     def start(self) -> None:
-        self.mnt.mkdir(exist_ok=True)
-        r = subprocess.run([PY, "-m", "refmount", str(self.refs), str(self.mnt), "-o", "no_disk_cache"],
-                           capture_output=True, text=True, cwd=REPO, timeout=300)
-        if r.returncode != 0:
-            raise RuntimeError(r.stderr)
+        self.mount = h.mount_refmount(self.refs, self.mnt, ["no_disk_cache"], 300, log)
 
     def stop(self) -> None:
-        pid = refmount_daemon_pid(self.mnt)
-        fuse_unmount(self.mnt, [pid] if pid else [], log)
+        if self.mount is not None:
+            self.mount.unmount(log)
+            self.mount = None
 
 
 def slow_clients_rss(serve: Serve, n: int = 64) -> tuple[int, int]:
@@ -293,33 +275,35 @@ def median(values: list[float]) -> float:
     return ordered[len(ordered) // 2]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "refmount-bench-serve"))
-    ap.add_argument("--mib-64k", type=int, default=64, help="MiB of the 64 KiB-chunk array")
-    ap.add_argument("--mib-1m", type=int, default=256, help="MiB of the 1 MiB-chunk array")
-    ap.add_argument("--clients", default="1,16")
-    ap.add_argument("--base", type=Path, help="another refmount checkout to compare with (serve/base)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of the requests-per-second tests")
-    ap.add_argument("--rate-seconds", type=float, default=3.0)
-    ap.add_argument("--no-peers", action="store_true", help="skip xpublish and the hypercorn prototype")
-    ap.add_argument("--no-arrays", action="store_true", help="requests per second and RSS only")
-    ap.add_argument("--no-rates", action="store_true", help="zarr reading arrays and RSS only")
-    args = ap.parse_args()
-    work = Path(args.dir)
+def add_arguments(p: Any) -> None:
+    p.add_argument("--mib-64k", type=int, default=None, help="MiB of the 64 KiB-chunk array (64; --quick 4)")
+    p.add_argument("--mib-1m", type=int, default=None, help="MiB of the 1 MiB-chunk array (256; --quick 16)")
+    p.add_argument("--clients", default=None, help="concurrent zarr clients (1,16; --quick 1,4)")
+    p.add_argument("--base", type=Path, help="another refmount checkout to compare with (serve/base)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds of the requests-per-second tests (3; --quick 1)")
+    p.add_argument("--rate-seconds", type=float, default=3.0)
+    p.add_argument("--no-arrays", action="store_true", help="requests per second and RSS only")
+    p.add_argument("--no-rates", action="store_true", help="zarr reading arrays and RSS only")
+
+
+def run(args: argparse.Namespace, workloads: list[str], peers: list[str], work: Path) -> list[Table]:
     work.mkdir(parents=True, exist_ok=True)
-    n64, n1m = args.mib_64k * 16, args.mib_1m
+    n64 = (args.mib_64k or (4 if args.quick else 64)) * 16
+    n1m = args.mib_1m or (16 if args.quick else 256)
+    clients = [int(c) for c in (args.clients or ("1,4" if args.quick else "1,16")).split(",")]
+    rounds = args.rounds or (1 if args.quick else 3)
     size = max(n64 * 64 * 1024, n1m * MiB)
     origin_dir = work / "origin"
     origin_dir.mkdir(exist_ok=True)
     data = origin_dir / "data.bin"
-    ensure_data(data, size, log)
-    origin = Nginx(origin_dir, work / "nginx-origin")
+    h.ensure_data(data, size, log)
+    origin = h.Nginx(origin_dir, work / "nginx-origin")
     origin.start()
     results: dict[str, Any] = {"rows": [], "rates": {}, "load_start": os.getloadavg()}
-    xpublish_ok = not args.no_peers and have("xpublish", "xpublish_zarr", "uvicorn")
-    hypercorn_ok = not args.no_peers and have("hypercorn")
-    if not args.no_peers and not (xpublish_ok and hypercorn_ok):
+    xpublish_ok = "xpublish" in peers and have("xpublish", "xpublish_zarr", "uvicorn")
+    hypercorn_ok = "hypercorn-trio" in peers and have("hypercorn")
+    if ("xpublish" in peers and not xpublish_ok) or ("hypercorn-trio" in peers and not hypercorn_ok):
         log("some Python peers are not installed (pip install '.[bench]'): skipped")
 
     def record(server: str, arr: str, c: int, p: str, r: dict[str, Any]) -> None:
@@ -340,6 +324,8 @@ def main() -> int:
 
     def serves() -> list[tuple[str, Any]]:
         """Fresh servers of the set with empty caches, this checkout's and the base's."""
+        if "refmount" not in peers:
+            return []
         out = [("refmount serve", started(Serve(refs, work)))]
         if args.base is not None:
             out.append(("serve/base", started(Serve(refs, work / "base", args.base))))
@@ -348,12 +334,8 @@ def main() -> int:
     (work / "base").mkdir(exist_ok=True)
     try:
         refs = build(work, origin.url("data.bin"), data, n64, n1m)
-        refs_obj = json.loads(refs.read_text())
-        refs_obj["whole"] = [origin.url("data.bin")]
-        refs.write_text(json.dumps(refs_obj))
-        clients = [int(c) for c in args.clients.split(",")]
         arrays = (("a", n64, 64 * 1024), ("b", n1m, MiB))
-        files_nginx = started(Nginx(work / "files", work / "nginx-files"))
+        files_nginx = started(h.Nginx(work / "files", work / "nginx-files"))
         base_files = f"http://127.0.0.1:{files_nginx.port}/"
 
         # ---- requests per second: every server up at once, measured in turn, round by round
@@ -362,17 +344,20 @@ def main() -> int:
         for label, s in serves():
             rate_servers.append((label, s.url, plain, s))
         if hypercorn_ok:
-            h = started(Peer("hypercorn-trio", refs, work))
-            rate_servers.append(("hypercorn-trio", h.url, plain, h))
+            hc = started(Peer("hypercorn-trio", refs, work))
+            rate_servers.append(("hypercorn-trio", hc.url, plain, hc))
         if xpublish_ok:
             x = started(Peer("xpublish", refs, work, "zarr/"))
             rate_servers.append(("xpublish", x.url, {"a": "a/c", "b": "b/c"}, x))
-        mount = started(FuseMount(refs, work))
-        mount_nginx = started(Nginx(mount.mnt, work / "nginx-mount"))
-        rate_servers.append(("nginx/mount", f"http://127.0.0.1:{mount_nginx.port}/", plain, mount_nginx))
-        rate_servers.append(("nginx/files", base_files, plain, files_nginx))
+        mount = None
+        if "nginx-mount" in peers:
+            mount = started(FuseMount(refs, work))
+            mount_nginx = started(h.Nginx(mount.mnt, work / "nginx-mount"))
+            rate_servers.append(("nginx/mount", f"http://127.0.0.1:{mount_nginx.port}/", plain, mount_nginx))
+        if "nginx-files" in peers:
+            rate_servers.append(("nginx/files", base_files, plain, files_nginx))
         rates: dict[str, dict[str, list[dict[str, Any]]]] = results["rates"]
-        for rnd in range(0 if args.no_rates else args.rounds):
+        for rnd in range(0 if args.no_rates else rounds):
             for name, method, path in RATE_TESTS:
                 for label, url, names, server in rate_servers:
                     pid = server.pid if isinstance(server, Serve) else (
@@ -389,19 +374,23 @@ def main() -> int:
         for _, _, _, server in rate_servers:
             if server is not files_nginx:
                 stop(server)
-        stop(mount)
+        if mount is not None:
+            stop(mount)
 
         # ---- zarr reading whole arrays
         for arr, n, chunk in ([] if args.no_arrays else arrays):
             for c in clients:
-                record("nginx/files", arr, c, "cold", read_array(base_files, arr, n, chunk, c, data))
-                mount = started(FuseMount(refs, work))
-                mount_nginx = started(Nginx(mount.mnt, work / "nginx-mount"))
-                base = f"http://127.0.0.1:{mount_nginx.port}/"
-                for p in ("cold", "warm"):
-                    record("nginx/mount", arr, c, p, read_array(base, arr, n, chunk, c, data))
-                stop(mount_nginx)
-                stop(mount)
+                h.wait_idle(args.quiet_wait, args.quiet_load)
+                if "nginx-files" in peers:
+                    record("nginx/files", arr, c, "cold", read_array(base_files, arr, n, chunk, c, data))
+                if "nginx-mount" in peers:
+                    mount = started(FuseMount(refs, work))
+                    mount_nginx = started(h.Nginx(mount.mnt, work / "nginx-mount"))
+                    base = f"http://127.0.0.1:{mount_nginx.port}/"
+                    for p in ("cold", "warm"):
+                        record("nginx/mount", arr, c, p, read_array(base, arr, n, chunk, c, data))
+                    stop(mount_nginx)
+                    stop(mount)
                 fresh = serves()
                 if xpublish_ok:
                     fresh.append(("xpublish", started(Peer("xpublish", refs, work, "zarr/"))))
@@ -420,17 +409,15 @@ def main() -> int:
         for s in [*reversed(running), origin]:
             with contextlib.suppress(Exception):
                 s.stop()
-    out = work / "results.json"
-    out.write_text(json.dumps(results, indent=2))
-    print_tables(results, clients, args.base is not None, xpublish_ok)
-    print(f"(results: {out})")
-    return 0
+    servers = [*(["refmount serve"] if "refmount" in peers else []), *(["serve/base"] if args.base else []),
+               *(["nginx/mount"] if "nginx-mount" in peers else []),
+               *(["nginx/files"] if "nginx-files" in peers else []), *(["xpublish"] if xpublish_ok else [])]
+    return tables(results, clients, servers)
 
 
-def print_tables(results: dict[str, Any], clients: list[int], with_base: bool, xpublish_ok: bool) -> None:
-    servers = ["refmount serve", *(["serve/base"] if with_base else []), "nginx/mount", "nginx/files",
-               *(["xpublish"] if xpublish_ok else [])]
+def tables(results: dict[str, Any], clients: list[int], servers: list[str]) -> list[Table]:
     rows = results["rows"]
+    out = []
 
     def cell(server: str, arr: str, c: int, p: str) -> str:
         for r in rows:
@@ -441,21 +428,27 @@ def print_tables(results: dict[str, Any], clients: list[int], with_base: bool, x
         return "—"
 
     if rows:
-        print("MB/s (chunks/s, load average) of zarr reading a whole array")
-        print("| chunks | clients | pass | " + " | ".join(servers) + " |")
-        print("| --- | ---: | --- |" + " ---: |" * len(servers))
+        t = Table("serve", "MB/s (chunks/s, load average) of zarr reading a whole array over HTTP",
+                  ["chunks", "clients", "pass", *servers], align="lrl" + "r" * len(servers),
+                  data={"rows": rows})
         for arr, chunk in (("a", "64 KiB"), ("b", "1 MiB")):
             for c in clients:
                 for p in ("cold", "warm"):
-                    print(f"| {chunk} | {c} | {p} | "
-                          + " | ".join(cell(s, arr, c, p) for s in servers) + " |")
+                    t.rows.append([chunk, str(c), p, *(cell(s, arr, c, p) for s in servers)])
+        out.append(t)
     rates = results["rates"]
+    notes = []
+    for key, value in results.items():
+        if key.startswith("head_fetches"):
+            notes.append(f"{key.split(' ', 1)[1]}: fetches after the HEAD round: {value}")
+        if key.startswith("slow_clients_rss"):
+            b, a = value
+            notes.append(f"{key.split(' ', 1)[1]} RSS: {b / MiB:.0f} MiB before, {a / MiB:.0f} MiB with 64 "
+                         "clients not reading")
     if rates:
         labels = list(next(iter(rates.values())))
-        print("\nrequests/s (median of the rounds; load average at that round, the server's CPU time "
-              "per request)")
-        print("| request | " + " | ".join(labels) + " |")
-        print("| --- |" + " ---: |" * len(labels))
+        t = Table("serve", "requests/s (median of the rounds; load average at that round, the server's CPU "
+                  "time per request)", ["request", *labels], notes=notes, data={"rates": rates})
         for name, by in rates.items():
             cells = []
             for label in labels:
@@ -467,15 +460,8 @@ def print_tables(results: dict[str, Any], clients: list[int], with_base: bool, x
                 bad = " (not 2xx/3xx)" if mid["non_2xx_3xx"] and not name.startswith("GET missing") else ""
                 cpu = f", {mid['cpu_us']:.0f} µs" if mid.get("cpu_us") else ""
                 cells.append(f"{mid['rate']:,.0f} (L{mid['load']:.1f}{cpu}){bad}")
-            print(f"| {name} | " + " | ".join(cells) + " |")
-    for key, value in results.items():
-        if key.startswith("head_fetches"):
-            print(f"{key.split(' ', 1)[1]}: fetches after the HEAD round: {value}")
-        if key.startswith("slow_clients_rss"):
-            b, a = value
-            print(f"{key.split(' ', 1)[1]} RSS: {b / MiB:.0f} MiB before, {a / MiB:.0f} MiB with 64 clients "
-                  "not reading")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+            t.rows.append([name, *cells])
+        out.append(t)
+    elif out:
+        out[-1].notes = notes
+    return out

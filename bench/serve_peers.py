@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
-"""The servers ``bench_serve.py`` compares ``refmount serve`` with, each run as a child process:
+"""The servers the ``serve`` workload compares ``refmount serve`` with, each a child process:
 
-    python scripts/bench_serve_peers.py hypercorn-trio REFS   # prints the port once it listens
-    python scripts/bench_serve_peers.py xpublish REFS
+    python -m bench.serve_peers hypercorn-trio REFS   # prints the port once it listens
+    python -m bench.serve_peers xpublish REFS
 
 * ``hypercorn-trio``: a prototype of the other server design considered for ``refmount
   serve``: hypercorn's trio worker inside the same nursery as the set's core (trio as a guest

@@ -1,54 +1,27 @@
-#!/usr/bin/env python3
-"""Scale benchmark (issue 3): reference sets of millions of keys, refmount vs. fsspec.
+"""The ``scale`` workload: reference sets of millions of keys, refmount vs. fsspec.
 
-For every size in ``--keys`` (default 1,000,000 and 10,000,000) and every format, one table:
+For every size in ``--keys`` (default 1,000,000 and 10,000,000) and every ``--formats``:
 
-* **V0 JSON** -- a zarr-like Version 0 set of N keys: ``.zgroup``/``.zattrs``, ~10 arrays
-  ``varKK`` with ``.zarray``/``.zattrs`` and chunk keys ``varKK/i.j`` = ``[url, offset, length]``
-  into a few hundred sparse local target files;
-* **Parquet** -- the *same* keys in fsspec's LazyReferenceMapper layout (``.zmetadata`` +
-  ``varKK/refs.<n>.parq``, columns path/offset/size/raw, ``record_size`` 10,000), written with
-  pyarrow directly (vectorised; ``LazyReferenceMapper`` itself needs hours for 10M keys). Every
-  run first checks the writer on a small set against ``LazyReferenceMapper.create`` + ``flush``
-  (same files, same rows) and reads it back with fsspec's ``ReferenceFileSystem``;
-* **V1 gen** -- a Version 1 file with one ``gen`` entry whose two dimensions give N products
-  (``var/{{i}}.{{j}}`` -> ``http://127.0.0.1/file_{{i // 100}}.nc``, offset
-  ``{{ (i * J + j) * 4096 }}``, length 4096) plus four metadata keys.
+* ``json``: a zarr-like Version 0 set of N keys (``tests/support/scaleset.py``): ~10 arrays,
+  chunk keys ``varKK/i.j`` = ``[url, offset, length]`` into a few hundred sparse local files;
+* ``parquet``: the same keys in fsspec's LazyReferenceMapper layout (``record_size`` 10,000),
+  written with pyarrow directly and first checked against ``LazyReferenceMapper.create`` +
+  ``flush`` on a small set (same files, same rows) and read back by ``ReferenceFileSystem``;
+* ``gen``: a Version 1 file with one ``gen`` entry of N products plus four metadata keys.
 
-Inputs are generated once under ``--workdir`` (default ``bench-work/scale``) and reused.
+Inputs are generated once under the work directory and reused. Peers (rows): refmount
+(``-o no_disk_cache``; for JSON and gen also a fresh ``cache_dir`` mounted twice, the second
+mount reusing the index, and ``-f``, the systemd mode); inproc (``ReferenceFileSystem`` in a
+process of its own; for gen ``simple_templates=False``, since with fsspec's defaults ``gen``
+is dropped, and the expansion rate first measured on 5,000 products: when the estimate
+exceeds the bound the full expansion is not started); fsspec-fuse (``fsspec.fuse.run``).
 
-Peers (rows):
-
-* refmount (``.venv/bin/refmount SOURCE MNT -o ...``, detached daemon): ``-o no_disk_cache``;
-  for JSON also a fresh ``cache_dir`` mounted twice (first mount parses and persists the index,
-  the second mount of the unchanged file reuses it). Parquet: ``no_disk_cache`` only (nothing
-  is parsed at mount time);
-* fsspec ``ReferenceFileSystem`` in-process (no FUSE; V1 with ``simple_templates=False``,
-  because with fsspec's defaults ``gen`` is silently dropped): construct time, RSS after
-  construct, peak RSS, ``fs.info`` rate over the random keys, ``fs.find("")``. For V1 the
-  expansion rate is first measured on a 5,000-product ``gen``; when the extrapolated time
-  exceeds the bound the full expansion is not started (reported as DNF with the estimate);
-* fsspec's FUSE bridge (``fsspec.fuse.run``, fusepy + libfuse2: ``scripts/setup.sh --bench``)
-  over the same ReferenceFileSystem, its readiness bounded by ``--fuse-timeout``.
-
-Every step is bounded: the refmount CLI by ``--mount-timeout``, ``find`` by ``--find-timeout``,
-random stats by ``--stats-budget``, fsspec in-process by ``--inproc-timeout``, fsspec.fuse
-readiness by ``--fuse-timeout``; a peer that does not finish shows ``DNF >Ns``. Only processes
-started here are ever signalled (the refmount daemon is found by its command line, which names
-the mount point), and every mount is unmounted in ``finally``.
-
-Columns: time until the mount answers (refmount: exec of the CLI until it returns 0; fsspec.fuse:
-until ``stat(MNT/.zgroup)`` works; in-process: the constructor), the serving process's RSS after
-settling and its peak (VmHWM after all workloads), the refmount CLI's own peak RSS (it parses
-before it spawns the daemon), ``find MNT | wc -l`` time and line count (checked), the server's
-CPU seconds during that ``find``, the rate of ``os.stat`` over random keys (run before ``find``,
-cold kernel caches, ``st_size`` checked), the 1-minute load average at the start and end of the
-row (the machine may be shared), and the issue's goals next to the numbers.
-
-Usage:
-    .venv/bin/python scripts/bench_scale.py                  # 1M and 10M keys, all formats
-    .venv/bin/python scripts/bench_scale.py --quick          # 10,000 keys smoke run
-    .venv/bin/python scripts/bench_scale.py --keys 1000000 --formats parquet --only refmount
+Columns: time until the mount answers, the serving process's RSS after settling and its peak,
+the refmount CLI's own peak RSS, ``find MNT | wc -l`` time and count (checked), the server's CPU
+during that ``find``, random ``os.stat`` per second (before ``find``, ``st_size`` checked), the
+1-minute load average, and the goals next to the numbers. Every step is bounded
+(``--mount-timeout``, ``--find-timeout``, ``--stats-budget``, ``--inproc-timeout``,
+``--fuse-timeout``); a peer that does not finish shows ``DNF >Ns``.
 """
 
 from __future__ import annotations
@@ -70,12 +43,21 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+from bench import harness as h
+from bench.report import Table
+
+sys.path.insert(0, str(h.REPO / "tests"))
+from support.scaleset import Layout, generate_v0
+
 MiB = 1024 * 1024
 GiB = 1024 * MiB
+WORKLOADS = {"scale": "Version 0 JSON, Parquet and Version 1 gen sets of 1M and 10M keys: "
+             "ready, RSS, find, random stat"}
+PEERS = ("refmount", "inproc", "fsspec-fuse")
 FORMATS = ("json", "parquet", "gen")
 FORMAT_TITLES = {"json": "V0 JSON", "parquet": "Parquet", "gen": "V1 gen"}
 GEN_CALIBRATION = 5_000  # products of the small gen that measures fsspec's expansion rate
@@ -91,128 +73,6 @@ def human(n: int) -> str:
 # --------------------------------------------------------------------------------------------
 # Reference sets
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Layout:
-    """Deterministic layout of the V0/Parquet reference set (keys computable by index)."""
-
-    keys: int
-    arrays: int
-    targets: int
-    target_dir: Path
-    chunk_side: int = 100
-    counts: list[int] = field(default_factory=list)  # chunks per array
-    cols: list[int] = field(default_factory=list)  # chunk-grid columns per array
-
-    def __post_init__(self) -> None:
-        n_meta = 2 + 2 * self.arrays
-        n_chunks = self.keys - n_meta
-        if n_chunks < self.arrays:
-            raise SystemExit(f"--keys must be at least {n_meta + self.arrays}")
-        base, rem = divmod(n_chunks, self.arrays)
-        self.counts = [base + (1 if k < rem else 0) for k in range(self.arrays)]
-        self.cols = [math.ceil(math.sqrt(c)) for c in self.counts]
-
-    def var(self, k: int) -> str:
-        return f"var{k:02d}"
-
-    def target(self, t: int) -> str:
-        return str(self.target_dir / f"part-{t:04d}.nc")
-
-    def rows(self, k: int) -> int:
-        return math.ceil(self.counts[k] / self.cols[k])
-
-    def zarray(self, k: int) -> str:
-        s = self.chunk_side
-        meta = {
-            "chunks": [s, s],
-            "compressor": {"id": "zlib", "level": 4},
-            "dtype": "<f4",
-            "fill_value": "NaN",
-            "filters": None,
-            "order": "C",
-            "shape": [self.rows(k) * s, self.cols[k] * s],
-            "zarr_format": 2,
-        }
-        return json.dumps(meta, indent=4)
-
-    def meta_entries(self) -> list[tuple[str, str]]:
-        out = [
-            (".zattrs", json.dumps({"title": "refmount scale benchmark", "keys": self.keys}, indent=4)),
-            (".zgroup", json.dumps({"zarr_format": 2}, indent=4)),
-        ]
-        for k in range(self.arrays):
-            v = self.var(k)
-            attrs = json.dumps({"_ARRAY_DIMENSIONS": [f"y{k}", f"x{k}"], "units": "K"}, indent=4)
-            out += [(f"{v}/.zarray", self.zarray(k)), (f"{v}/.zattrs", attrs)]
-        return out
-
-    def chunk_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(target index, offset, length) of every chunk in generation order (array by array,
-        C order), and each target's size. Chunk g goes to target g % targets, after the chunks
-        before it in that target; its length is 20,000..59,999 bytes, pseudo-random."""
-        total = sum(self.counts)
-        g = np.arange(total, dtype=np.int64)
-        lengths = 20_000 + (g * 2_654_435_761) % 40_000
-        tgt = g % self.targets
-        m = np.zeros(math.ceil(total / self.targets) * self.targets, np.int64)
-        m[:total] = lengths
-        m = m.reshape(-1, self.targets)
-        offsets = (np.cumsum(m, axis=0) - m).reshape(-1)[:total]
-        return tgt, offsets, lengths, m.sum(axis=0)
-
-    def make_targets(self, sizes: np.ndarray) -> None:
-        """Sparse target files of the right size: reads resolve (to zeros), no disk used."""
-        self.target_dir.mkdir(parents=True, exist_ok=True)
-        for t, size in enumerate(sizes.tolist()):
-            with open(self.target(t), "ab") as tf:
-                tf.truncate(size)
-
-    def sample(self, n: int, meta_size, seed: int = 12345) -> list[tuple[str, int]]:
-        """n random (key, expected st_size) pairs: 1% metadata keys, the rest chunk keys."""
-        rng = random.Random(seed)
-        meta = [(k, meta_size(text)) for k, text in self.meta_entries()]
-        starts = [sum(self.counts[:k]) for k in range(self.arrays)]
-        total = sum(self.counts)
-        out = []
-        for _ in range(n):
-            if rng.random() < 0.01:
-                out.append(rng.choice(meta))
-                continue
-            g = rng.randrange(total)
-            k = max(i for i in range(self.arrays) if starts[i] <= g)
-            i, j = divmod(g - starts[k], self.cols[k])
-            out.append((f"{self.var(k)}/{i}.{j}", 20_000 + (g * 2_654_435_761) % 40_000))
-        return out
-
-
-def generate_v0(layout: Layout, path: Path) -> None:
-    tgt, offsets, lengths, sizes = layout.chunk_columns()
-    tmp = path.with_name(path.name + ".tmp")
-    urls = [json.dumps(layout.target(t)) for t in range(layout.targets)]
-    with open(tmp, "w", buffering=8 * MiB) as f:
-        f.write("{\n")
-        for key, text in layout.meta_entries():
-            f.write(f"{json.dumps(key)}: {json.dumps(text)},\n")
-        g0, first = 0, True
-        for k in range(layout.arrays):
-            v, cols, c = layout.var(k), layout.cols[k], layout.counts[k]
-            for lo in range(0, c, 100_000):
-                hi = min(lo + 100_000, c)
-                tl = tgt[g0 + lo : g0 + hi].tolist()
-                ol = offsets[g0 + lo : g0 + hi].tolist()
-                ll = lengths[g0 + lo : g0 + hi].tolist()
-                lines = [
-                    f'"{v}/{idx // cols}.{idx % cols}": [{urls[tl[n]]}, {ol[n]}, {ll[n]}]'
-                    for n, idx in enumerate(range(lo, hi))
-                ]
-                f.write(("" if first else ",\n") + ",\n".join(lines))
-                first = False
-            g0 += c
-        f.write("\n}\n")
-    os.replace(tmp, path)
-    layout.make_targets(sizes)
 
 
 def generate_parquet(layout: Layout, root: Path, record_size: int) -> int:
@@ -491,136 +351,6 @@ def prepare(fmt: str, n: int, args, work: Path, log) -> Dataset:
 # --------------------------------------------------------------------------------------------
 
 
-def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM of a process, in bytes ({} if it is gone)."""
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                if name in ("VmRSS", "VmHWM"):
-                    out[name] = int(rest.split()[0]) * 1024
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return out
-
-
-def proc_cpu(pid: int) -> float | None:
-    """User + system CPU seconds of a process so far."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(") ", 1)[1].split()
-    except (FileNotFoundError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def run_rusage(cmd: list[str], timeout: float) -> tuple[int | None, str, float, int]:
-    """Run cmd; (exit code or None on timeout, stderr, seconds, the process's own peak RSS).
-
-    The peak comes from wait4(2), so it covers the foreground CLI (loading and validating the
-    references) and not the detached daemon, which it does not wait for.
-    """
-    with tempfile.TemporaryFile("w+") as err:
-        t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
-        deadline = time.monotonic() + timeout
-        while True:
-            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                elapsed = time.perf_counter() - t0
-                p.returncode = os.waitstatus_to_exitcode(status)
-                break
-            if time.monotonic() > deadline:
-                p.kill()
-                p.wait()
-                return None, "", timeout, 0
-            time.sleep(0.002)
-        err.seek(0)
-        return p.returncode, err.read(), elapsed, ru.ru_maxrss * 1024
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
-def pids_for_mount(mnt: Path) -> list[int]:
-    """PIDs (not ours) whose command line has the mount point as an argument."""
-    want = {str(mnt), str(mnt) + "/"}
-    found = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:
-            continue
-        if any(a.decode(errors="replace") in want for a in args):
-            found.append(int(d))
-    return sorted(found)
-
-
-def is_mounted(mnt: Path) -> bool:
-    target = str(mnt)
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) > 1 and parts[1].replace("\\040", " ") == target:
-                return True
-    return False
-
-
-def unmount(mnt: Path, pids: list[int], log) -> None:
-    """Unmount mnt and make sure the given (own) server processes are gone."""
-    for attempt in range(10):
-        if not is_mounted(mnt):
-            break
-        r = subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, text=True)
-        if r.returncode == 0:
-            break
-        if attempt == 9:
-            log(f"  fusermount3 -u failed ({r.stderr.strip()}); lazy unmount")
-            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
-        time.sleep(0.5)
-    for pid in pids:
-        deadline = time.monotonic() + 15
-        while pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if not pid_alive(pid):
-                break
-            log(f"  server pid {pid} still alive after unmount: {sig.name}")
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-            deadline = time.monotonic() + 5
-            while pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-    if is_mounted(mnt):
-        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
-
-
-def wait_answers(mnt: Path, probe: str, timeout: float, proc=None, on_tick=None) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            return False
-        if on_tick is not None:
-            on_tick()
-        if is_mounted(mnt):
-            try:
-                os.stat(mnt / probe)
-                return True
-            except OSError:
-                pass
-        time.sleep(0.005 if on_tick is None else 0.05)
-    return False
-
-
 def run_find(mnt: Path, timeout: float) -> tuple[float | None, int | None]:
     """Time `find MNT | wc -l`; (None, None) when it does not finish within timeout."""
     t0 = time.perf_counter()
@@ -718,7 +448,7 @@ class Row:
 def measure_mount(row: Row, mnt: Path, pid: int, args, log) -> None:
     ds = row.ds
     time.sleep(args.settle)
-    row.rss_steady = proc_status(pid).get("VmRSS")
+    row.rss_steady = h.proc_status(pid).get("VmRSS")
     log(f"  steady RSS {fmt_mib(row.rss_steady)} MiB; {len(ds.sample):,} random stats ...")
     rate, done, problems = run_stats(mnt, ds.sample, args.stats_budget)
     row.stat_rate = rate
@@ -727,9 +457,9 @@ def measure_mount(row: Row, mnt: Path, pid: int, args, log) -> None:
     if problems:
         row.add(f"stat: {problems}")
     log(f"  stat {rate:,.0f}/s ({problems or 'all sizes right'}); find ...")
-    cpu0 = proc_cpu(pid)
+    cpu0 = h.proc_cpu(pid)
     row.find_s, row.find_count = run_find(mnt, args.find_timeout)
-    cpu1 = proc_cpu(pid)
+    cpu1 = h.proc_cpu(pid)
     if cpu0 is not None and cpu1 is not None:
         row.find_cpu = cpu1 - cpu0
     if row.find_s is None:
@@ -737,9 +467,9 @@ def measure_mount(row: Row, mnt: Path, pid: int, args, log) -> None:
     elif row.find_count != ds.expected_find:
         why = ds.other_counts.get(row.find_count, "")
         row.add(f"find count {row.find_count:,} != expected {ds.expected_find:,}{f' ({why})' if why else ''}")
-    if not pid_alive(pid):
+    if not h.pid_alive(pid):
         row.add("server process died")
-    row.rss_peak = proc_status(pid).get("VmHWM")
+    row.rss_peak = h.proc_status(pid).get("VmHWM")
     log(
         f"  find {fmt_s(row.find_s, row.find_dnf)}, {row.find_count} entries; "
         f"peak RSS {fmt_mib(row.rss_peak)} MiB"
@@ -751,11 +481,6 @@ def measure_mount(row: Row, mnt: Path, pid: int, args, log) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def refmount_cmd() -> list[str]:
-    exe = Path(sys.executable).parent / "refmount"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "refmount"]
-
-
 def log_tail(path: Path, n: int = 5) -> str:
     try:
         lines = path.read_text(errors="replace").strip().splitlines()
@@ -764,69 +489,32 @@ def log_tail(path: Path, n: int = 5) -> str:
     return " | ".join(lines[-n:])
 
 
-def bench_refmount_foreground(ds: Dataset, name: str, mnt: Path, opts: str, logf: Path, args, log
-                              ) -> Row:
-    """``refmount -f``: the process started serves (as under refmount@.service); ready is the
-    time until the mount answers. The parse runs in a child, so there is no CLI peak."""
-    row = Row(ds, name, "first")
-    mnt.mkdir(parents=True, exist_ok=True)
-    cmd = [*refmount_cmd(), str(ds.source), str(mnt), "-f", "-o", f"{opts},log={logf}"]
-    log(f"[{ds.title} / {name}] {shlex.join(cmd)}")
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        if not wait_answers(mnt, ".zgroup", args.mount_timeout, proc=proc):
-            row.mount_dnf = args.mount_timeout if proc.poll() is None else None
-            row.add(f"refmount -f did not answer (exit {proc.poll()}); log {logf}")
-            return row
-        row.mount_s = time.perf_counter() - t0
-        log(f"  mount answered in {row.mount_s:.2f} s (serving pid {proc.pid})")
-        measure_mount(row, mnt, proc.pid, args, log)
-        return row
-    finally:
-        t0 = time.perf_counter()
-        unmount(mnt, [proc.pid], log)
-        row.umount_s = time.perf_counter() - t0
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-
-
-def bench_refmount(ds: Dataset, name: str, kind: str, mnt: Path, opts: str, logf: Path, args, log) -> Row:
+def bench_refmount(ds: Dataset, name: str, kind: str, mnt: Path, opts: str, logf: Path, args, log,
+                   foreground: bool = False) -> Row:
+    """A refmount row: detached (the CLI's time until it returns, its own peak RSS) or, with
+    ``foreground``, ``refmount -f`` (the started process serves, as under refmount@.service;
+    the parse runs in a child, so there is no CLI peak)."""
     row = Row(ds, name, kind)
-    mnt.mkdir(parents=True, exist_ok=True)
-    cmd = [*refmount_cmd(), str(ds.source), str(mnt), "-o", f"{opts},log={logf}"]
-    log(f"[{ds.title} / {name}] {shlex.join(cmd)}")
-    pids: list[int] = []
+    log(f"[{ds.title} / {name}]")
     try:
-        rc, stderr, elapsed, row.cli_peak = run_rusage(cmd, args.mount_timeout)
-        pids = pids_for_mount(mnt)
-        if rc is None:
-            row.mount_dnf = args.mount_timeout
-            row.add(f"CLI did not return within {args.mount_timeout:.0f} s; log {logf}")
-            return row
-        if rc != 0:
-            err = (stderr.strip().splitlines() or ["(no stderr)"])[-1]
-            row.add(f"CLI exit {rc}: {err}; log {logf}")
-            log(f"  FAILED: {err}\n  daemon log: {log_tail(logf)}")
-            return row
-        if not wait_answers(mnt, ".zgroup", 5):
-            row.add(f"CLI returned 0 but the mount does not answer; log {logf}")
-            return row
-        row.mount_s = elapsed
-        if len(pids) != 1:
-            row.add(f"daemon pids by cmdline: {pids}")
-        if not pids:
-            return row
-        log(f"  mount answered in {elapsed:.2f} s (daemon pid {pids[0]}, "
+        m = h.mount_refmount(ds.source, mnt, [opts, f"log={logf}"], args.mount_timeout, log,
+                             foreground=foreground)
+    except h.Failed as e:
+        row.mount_dnf = args.mount_timeout if str(e).startswith("DNF") else None
+        row.add(f"{e}; log {logf}")
+        log(f"  FAILED: {e}\n  daemon log: {log_tail(logf)}")
+        return row
+    try:
+        row.mount_s, row.cli_peak = m.seconds, m.cli_peak
+        log(f"  mount answered in {m.seconds:.2f} s (serving pid {m.cpu_pid}, "
             f"CLI peak {fmt_mib(row.cli_peak)} MiB)")
-        measure_mount(row, mnt, pids[0], args, log)
+        measure_mount(row, mnt, m.cpu_pid, args, log)
         if "died" in row.note or "!=" in row.note or "stat:" in row.note:
             log(f"  daemon log tail: {log_tail(logf)}")
         return row
     finally:
         t0 = time.perf_counter()
-        unmount(mnt, pids or pids_for_mount(mnt), log)
+        m.unmount(log)
         row.umount_s = time.perf_counter() - t0
 
 
@@ -841,43 +529,33 @@ def bench_fsspec_fuse(ds: Dataset, mnt: Path, args, log, skip: str = "") -> Row:
     except (ImportError, OSError) as e:
         row.add(f"skipped: fusepy/libfuse2 unavailable ({e}); run scripts/setup.sh --bench")
         return row
-    mnt.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, __file__, "_fsspec_fuse", ds.fmt, str(ds.source), str(mnt)]
-    log(f"[{ds.title} / fsspec.fuse] {shlex.join(cmd)}")
+    log(f"[{ds.title} / fsspec.fuse]")
     errpath = mnt.parent / "logs" / f"fsspec-fuse-{ds.fmt}-{ds.n}.log"
-    errpath.parent.mkdir(exist_ok=True)
-    errlog = open(errpath, "w")  # noqa: SIM115
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=errlog, stderr=errlog, stdin=subprocess.DEVNULL)
     hwm = [0]
 
-    def tick() -> None:
-        hwm[0] = max(hwm[0], proc_status(proc.pid).get("VmHWM", 0))
+    def tick(pid: int) -> None:
+        hwm[0] = max(hwm[0], h.proc_status(pid).get("VmHWM", 0))
 
     try:
-        if not wait_answers(mnt, ".zgroup", args.fuse_timeout, proc, on_tick=tick):
-            tick()
-            row.rss_peak = hwm[0] or None
-            if proc.poll() is None:
-                row.mount_dnf = args.fuse_timeout
-                row.add(f"not ready within {args.fuse_timeout:.0f} s (peak RSS so far shown)")
-            else:
-                row.add(f"exited {proc.returncode} before answering, see {errpath}")
-            return row
-        row.mount_s = time.perf_counter() - t0
-        log(f"  mount answered in {row.mount_s:.2f} s (pid {proc.pid})")
-        measure_mount(row, mnt, proc.pid, args, log)
+        m = h.mount_fsspec_fuse(ds.source, mnt, errpath, args.fuse_timeout, fs=fs_options(ds.fmt),
+                                on_tick=tick)
+    except h.Failed as e:
+        row.rss_peak = hwm[0] or None
+        if str(e).startswith("DNF"):
+            row.mount_dnf = args.fuse_timeout
+            row.add(f"not ready within {args.fuse_timeout:.0f} s (peak RSS so far shown)")
+        else:
+            row.add(f"{e}, see {errpath}")
+        return row
+    try:
+        row.mount_s = m.seconds
+        log(f"  mount answered in {row.mount_s:.2f} s (pid {m.cpu_pid})")
+        measure_mount(row, mnt, m.cpu_pid, args, log)
         return row
     finally:
         t0 = time.perf_counter()
-        unmount(mnt, [proc.pid], log)
+        m.unmount(log)
         row.umount_s = time.perf_counter() - t0
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        errlog.close()
 
 
 def bench_fsspec_inproc(ds: Dataset, work: Path, args, log) -> tuple[Row, str]:
@@ -886,16 +564,16 @@ def bench_fsspec_inproc(ds: Dataset, work: Path, args, log) -> tuple[Row, str]:
     row = Row(ds, name, "inproc")
     sample_file = work / "sample.json"
     sample_file.write_text(json.dumps(ds.sample))
-    cmd = [sys.executable, __file__, "_fsspec_inproc", ds.fmt, str(ds.source), str(sample_file)]
-    cmd += [str(args.inproc_timeout)]
+    spec = {"fmt": ds.fmt, "source": str(ds.source), "sample": str(sample_file), "bound": args.inproc_timeout}
+    cmd = [h.PY, "-m", "bench.children", "scale_inproc", json.dumps(spec)]
     log(f"[{ds.title} / fsspec in-process] {shlex.join(cmd)}")
     hwm = 0
     timed_out = False
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=h.checkout_env())
         deadline = time.monotonic() + args.inproc_timeout
         while proc.poll() is None:
-            hwm = max(hwm, proc_status(proc.pid).get("VmHWM", 0))
+            hwm = max(hwm, h.proc_status(proc.pid).get("VmHWM", 0))
             if time.monotonic() > deadline:
                 timed_out = True
                 proc.kill()
@@ -949,32 +627,22 @@ def bench_fsspec_inproc(ds: Dataset, work: Path, args, log) -> tuple[Row, str]:
     return row, skip_fuse
 
 
-# Hidden sub-commands, run in their own process (so their RSS is isolated).
+def fs_options(fmt: str) -> dict[str, Any]:
+    """ReferenceFileSystem's options for a set (Version 1 ``gen`` needs simple_templates=False)."""
+    return {"remote_protocol": None, "skip_instance_cache": False, "simple_templates": fmt != "gen"}
 
 
 def _make_fs(fmt: str, source: str):
     from fsspec.implementations.reference import ReferenceFileSystem
 
-    if fmt == "gen":
-        return ReferenceFileSystem(fo=source, simple_templates=False)
-    return ReferenceFileSystem(fo=source)
+    return ReferenceFileSystem(fo=source, **fs_options(fmt))
 
 
-def _child_fsspec_fuse(fmt: str, source: str, mnt: str) -> None:
-    from fsspec.fuse import FUSEr, run
-
-    class RootlessFUSEr(FUSEr):
-        """FUSEr joins root + path; keys of a reference set have no leading slash."""
-
-        def __init__(self, fs, path, ready_file=False):
-            super().__init__(fs, path, ready_file=ready_file)
-            self.root = ""
-
-    run(_make_fs(fmt, source), "", mnt, foreground=True, ops_class=RootlessFUSEr)
-
-
-def _child_fsspec_inproc(fmt: str, source: str, sample_file: str, bound: float) -> None:
+def child_inproc(spec: dict[str, Any]) -> None:
+    """The in-process peer, in a process of its own (``bench.children scale_inproc``)."""
     from fsspec.implementations.reference import ReferenceFileSystem
+
+    fmt, source, sample_file, bound = spec["fmt"], spec["source"], spec["sample"], spec["bound"]
 
     def emit(**kw) -> None:
         print(json.dumps(kw), flush=True)
@@ -992,13 +660,13 @@ def _child_fsspec_inproc(fmt: str, source: str, sample_file: str, bound: float) 
         del fs
         emit(calib_rate=rate)
         if n / rate > bound:
-            emit(skipped=True, hwm=proc_status(os.getpid()).get("VmHWM"))
+            emit(skipped=True, hwm=h.proc_status(os.getpid()).get("VmHWM"))
             return
     sample = json.loads(Path(sample_file).read_text())
     t0 = time.perf_counter()
     fs = _make_fs(fmt, source)
     t1 = time.perf_counter()
-    emit(construct_s=t1 - t0, rss_after_construct=proc_status(os.getpid()).get("VmRSS"))
+    emit(construct_s=t1 - t0, rss_after_construct=h.proc_status(os.getpid()).get("VmRSS"))
     errors = 0
     wrong = {True: 0, False: 0}
     t0 = time.perf_counter()
@@ -1013,11 +681,11 @@ def _child_fsspec_inproc(fmt: str, source: str, sample_file: str, bound: float) 
     t0 = time.perf_counter()
     files = fs.find("")
     emit(find_s=time.perf_counter() - t0, find_count=len(files))
-    emit(hwm=proc_status(os.getpid()).get("VmHWM"))
+    emit(hwm=h.proc_status(os.getpid()).get("VmHWM"))
 
 
 # --------------------------------------------------------------------------------------------
-# Goals (issue 3, "Scale") -- refmount rows only
+# Goals -- refmount rows only
 # --------------------------------------------------------------------------------------------
 
 # (format, keys or None for every size, row kinds, metric, limit, label)
@@ -1074,7 +742,7 @@ def fmt_s(v: float | None, dnf: float | None = None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
-def table(rows: list[Row]) -> str:
+def table(rows: list[Row]) -> Table:
     head = [
         "set",
         "peer",
@@ -1112,13 +780,7 @@ def table(rows: list[Row]) -> str:
                 r.note.strip(" ;"),
             ]
         )
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-
-    def line(cells):
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
-
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(head), sep, *(line(b) for b in body)])
+    return Table("scale", "refmount at scale", head, body, align="ll" + "r" * (len(head) - 4) + "ll")
 
 
 def goal_summary(rows: list[Row]) -> list[str]:
@@ -1140,36 +802,24 @@ def goal_summary(rows: list[Row]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "_fsspec_fuse":
-        _child_fsspec_fuse(*argv[1:4])
-        return 0
-    if argv and argv[0] == "_fsspec_inproc":
-        _child_fsspec_inproc(argv[1], argv[2], argv[3], float(argv[4]))
-        return 0
+def add_arguments(p: Any) -> None:
+    p.add_argument("--keys", default="1000000,10000000", help="comma list of sizes (keys / products)")
+    p.add_argument("--formats", default=",".join(FORMATS), help="comma list of json,parquet,gen")
+    p.add_argument("--arrays", type=int, default=10)
+    p.add_argument("--targets", type=int, default=300, help="distinct target files")
+    p.add_argument("--record-size", type=int, default=10_000, help="Parquet record_size")
+    p.add_argument("--stats", type=int, default=10_000, help="random os.stat calls")
+    p.add_argument("--stats-budget", type=float, default=60.0, help="seconds for the random stats")
+    p.add_argument("--find-timeout", type=float, default=300.0)
+    p.add_argument("--mount-timeout", type=float, default=300.0, help="bound of the refmount CLI")
+    p.add_argument("--fuse-timeout", type=float, default=120.0, help="bound of fsspec.fuse readiness")
+    p.add_argument("--inproc-timeout", type=float, default=300.0, help="bound of fsspec in-process")
+    p.add_argument("--settle", type=float, default=3.0, help="seconds before steady RSS")
+    p.add_argument("--regen", action="store_true", help="regenerate the reference sets")
+    p.add_argument("--generate-only", action="store_true", help="only generate the inputs")
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--keys", default="1000000,10000000", help="comma list of sizes (keys / products)")
-    ap.add_argument("--quick", action="store_true", help="10,000 keys, shorter bounds (smoke run)")
-    ap.add_argument("--formats", default=",".join(FORMATS), help="comma list of json,parquet,gen")
-    ap.add_argument(
-        "--only", default="refmount,fsspec,fsspec-fuse", help="comma list of refmount,fsspec,fsspec-fuse"
-    )
-    ap.add_argument("--arrays", type=int, default=10)
-    ap.add_argument("--targets", type=int, default=300, help="distinct target files")
-    ap.add_argument("--record-size", type=int, default=10_000, help="Parquet record_size")
-    ap.add_argument("--workdir", type=Path, default=REPO / "bench-work" / "scale")
-    ap.add_argument("--stats", type=int, default=10_000, help="random os.stat calls")
-    ap.add_argument("--stats-budget", type=float, default=60.0, help="seconds for the random stats")
-    ap.add_argument("--find-timeout", type=float, default=300.0)
-    ap.add_argument("--mount-timeout", type=float, default=300.0, help="bound of the refmount CLI")
-    ap.add_argument("--fuse-timeout", type=float, default=120.0, help="bound of fsspec.fuse readiness")
-    ap.add_argument("--inproc-timeout", type=float, default=300.0, help="bound of fsspec in-process")
-    ap.add_argument("--settle", type=float, default=3.0, help="seconds before steady RSS")
-    ap.add_argument("--regen", action="store_true", help="regenerate the reference sets")
-    ap.add_argument("--generate-only", action="store_true", help="only generate the inputs")
-    args = ap.parse_args(argv)
+
+def run(args: argparse.Namespace, workloads: list[str], peers: list[str], work: Path) -> list[Table]:
     if args.quick:
         args.keys = "10000"
         args.find_timeout = min(args.find_timeout, 60.0)
@@ -1177,16 +827,12 @@ def main(argv: list[str] | None = None) -> int:
         args.inproc_timeout = min(args.inproc_timeout, 120.0)
     sizes = [int(k.replace("_", "")) for k in args.keys.split(",") if k]
     formats = [f for f in args.formats.split(",") if f]
-    only = set(args.only.split(","))
     if bad := set(formats) - set(FORMATS):
-        ap.error(f"unknown formats: {sorted(bad)}")
-    if bad := only - {"refmount", "fsspec", "fsspec-fuse"}:
-        ap.error(f"unknown peers: {sorted(bad)}")
+        raise SystemExit(f"unknown formats: {sorted(bad)}")
 
     def log(msg: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
 
-    work = args.workdir.resolve()
     (work / "logs").mkdir(parents=True, exist_ok=True)
     mnt = work / "mnt"
     t_start = time.perf_counter()
@@ -1200,8 +846,10 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[Row] = []
     descs: list[str] = []
+    caches = h.CacheDirs(work / "cache")
 
     def add(row: Row, load0: float) -> None:
+        h.wait_idle(args.quiet_wait, args.quiet_load)  # before the next row
         row.load = (load0, load1())
         check_goals(row)
         rows.append(row)
@@ -1217,65 +865,51 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"  {descs[-1]}")
                     continue
                 tag = f"{fmt}-{n}"
-                if "refmount" in only:
+                if "refmount" in peers:
                     l0 = load1()
                     logf = work / "logs" / f"refmount-{tag}-nocache.log"
                     add(bench_refmount(ds, "refmount -o no_disk_cache", "first", mnt,
                                        "no_disk_cache", logf, args, log), l0)
                     if fmt != "parquet":
-                        cache = work / f"cache-{tag}"
-                        shutil.rmtree(cache, ignore_errors=True)
-                        cache.mkdir()
+                        cache = caches.fresh(tag)
                         for i, label in enumerate(("1st mount, parses", "2nd mount, cached index")):
                             l0 = load1()
                             logf = work / "logs" / f"refmount-{tag}-cache{i + 1}.log"
                             add(bench_refmount(ds, f"refmount -o cache_dir ({label})",
                                                ("first", "second")[i], mnt, f"cache_dir={cache}",
                                                logf, args, log), l0)
-                        shutil.rmtree(cache, ignore_errors=True)
-                        cache.mkdir()
+                        cache = caches.fresh(tag)
                         l0 = load1()
                         logf = work / "logs" / f"refmount-{tag}-foreground.log"
-                        add(bench_refmount_foreground(ds, "refmount -f -o cache_dir (1st mount, parses)",
-                                                      mnt, f"cache_dir={cache}", logf, args, log), l0)
-                        shutil.rmtree(cache, ignore_errors=True)
+                        add(bench_refmount(ds, "refmount -f -o cache_dir (1st mount, parses)", "first", mnt,
+                                           f"cache_dir={cache}", logf, args, log, foreground=True), l0)
                 skip_fuse = ""
-                if "fsspec" in only:
+                if "inproc" in peers:
                     l0 = load1()
                     row, skip_fuse = bench_fsspec_inproc(ds, work, args, log)
                     add(row, l0)
-                if "fsspec-fuse" in only:
+                if "fsspec-fuse" in peers:
                     l0 = load1()
                     add(bench_fsspec_fuse(ds, mnt, args, log, skip_fuse), l0)
-                log("table so far:\n" + table(rows))
+                log("table so far:\n" + table(rows).markdown())
     finally:
-        if is_mounted(mnt):
-            unmount(mnt, pids_for_mount(mnt), log)
+        h.fuse_unmount(mnt, [], log)
+        caches.cleanup()
 
     if args.generate_only:
-        return 0
-    cmdline = shlex.join(
-        [os.path.relpath(sys.executable, Path.cwd()), os.path.relpath(__file__, Path.cwd()), *argv]
-    )
+        return []
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GiB
-    print()
-    print(f"$ {cmdline}")
-    print(
+    t = table(rows)
+    t.notes = [
         f"machine: {os.cpu_count()} cores, {mem:.0f} GiB, Linux {os.uname().release}, "
         f"Python {sys.version.split()[0]}; load average 1/5/15 min at start "
         f"{'/'.join(f'{x:.1f}' for x in load_start)}, at end "
         f"{'/'.join(f'{x:.1f}' for x in os.getloadavg())}; run took "
-        f"{(time.perf_counter() - t_start) / 60:.1f} min"
-    )
-    print("reference sets (under " + os.path.relpath(work, Path.cwd()) + "):")
-    for d in descs:
-        print(f"  {d}")
-    if check:
-        print(check)
-    print()
-    print(table(rows))
-    print()
-    print(
+        f"{(time.perf_counter() - t_start) / 60:.1f} min",
+        "reference sets (under " + os.path.relpath(work, Path.cwd()) + "):",
+        *(f"  {d}" for d in descs),
+        *([check] if check else []),
+        "",
         "mount answers: exec of `refmount SOURCE MNT -o ...` until it returns 0 (the mount then\n"
         "  answers); fsspec.fuse: start of its process until stat(MNT/.zgroup) succeeds;\n"
         "  in-process: the ReferenceFileSystem(...) constructor. DNF >Ns: stopped at the bound.\n"
@@ -1292,13 +926,9 @@ def main(argv: list[str] | None = None) -> int:
         "Parquet metadata keys are expected as refmount documents them (Python's json.dumps of the\n"
         "  .zmetadata value); fsspec's reference module uses ujson when it is installed"
         f" ({'installed here' if importlib.util.find_spec('ujson') else 'not installed here'}),\n"
-        "  which writes compact JSON: wrong st_size on metadata keys of fsspec rows is that difference."
-    )
-    print()
-    print("goals (issue 3, refmount rows):")
-    print("\n".join(goal_summary(rows)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        "  which writes compact JSON: wrong st_size on metadata keys of fsspec rows is that difference.",
+        "",
+        "goals (refmount rows):",
+        *goal_summary(rows),
+    ]
+    return [t]

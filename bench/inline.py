@@ -1,30 +1,13 @@
-#!/usr/bin/env python3
-"""Large inline values: mount time and memory against value size, refmount vs. fsspec.
+"""The ``inline`` workload: mount time and memory against the size of one inline value.
 
 A Version 0 set ``{"small": "s", "big": VALUE}`` whose one value has N bytes, for N in
-``--sizes`` (MiB; default 1 8 64 256) and each ``--kinds``:
-
-* ``plain`` -- a plain string of N bytes;
-* ``base64`` -- ``"base64:..."`` decoding to N bytes (the JSON holds 4N/3);
-* ``object`` -- a JSON-object value (``{"a": "<N bytes>"}``), served as its JSON text;
-* ``v1`` -- the plain string in the ``refs`` of a Version 1 set;
-* ``parquet`` -- a Parquet reference set whose one chunk ``x/0`` is a ``raw`` cell of N bytes.
-
-Rows (peers):
-
-* refmount: ``refmount SOURCE MNT -o no_disk_cache,max_inline=<N rounded up>``, the time until
-  the CLI returns (the mount answers, CLI startup included), the CLI's peak RSS (it parses),
-  the daemon's peak RSS
-  (VmHWM) after ``big`` was read whole through the mount and checked (sha256);
-* fsspec: ``ReferenceFileSystem(fo=SOURCE)`` in a fresh process, then ``cat("big")``: the time of
-  the two and the process's peak RSS.
-
-Linear means: time and memory per MiB stay flat as N grows. Only processes started here are
-signalled; every mount is unmounted in ``finally``.
-
-Usage:
-    .venv/bin/python scripts/bench_inline.py
-    .venv/bin/python scripts/bench_inline.py --sizes 1 8 --kinds plain
+``--sizes`` (MiB) and each of ``--kinds``: ``plain`` (a string), ``base64`` (``"base64:..."``
+decoding to N bytes), ``object`` (a JSON object served as its text), ``v1`` (the string in a
+Version 1 set's ``refs``), ``parquet`` (a Parquet set whose one chunk is a ``raw`` cell).
+Peers: refmount (``-o no_disk_cache,max_inline=<N rounded up>``: time until the CLI returns,
+the CLI's peak RSS, the daemon's peak RSS after ``big`` was read whole and checked) and
+inproc (``ReferenceFileSystem(fo=SOURCE)`` and ``cat("big")`` in a fresh process: time and
+peak RSS). Linear means: time and memory per MiB stay flat as N grows.
 """
 
 from __future__ import annotations
@@ -33,17 +16,18 @@ import argparse
 import base64
 import hashlib
 import json
-import os
-import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lib import fuse_unmount, refmount_daemon_pid
+from bench import harness as h
+from bench.report import Table
 
+WORKLOADS = {"inline": "one inline value of 1-256 MiB (plain, base64, object, v1, parquet): ready, RSS"}
+PEERS = ("refmount", "inproc")
+KINDS = ("plain", "base64", "object", "v1", "parquet")
 MiB = 1 << 20
 
 FSSPEC_PEER = r"""
@@ -69,7 +53,7 @@ print(json.dumps({"rc": r.returncode, "seconds": time.monotonic() - t,
 
 def measured(cmd: list[str], timeout: float) -> dict:
     r = subprocess.run([sys.executable, "-c", MEASURED, *cmd], capture_output=True, text=True,
-                       timeout=timeout)
+                       timeout=timeout, env=h.checkout_env())
     return json.loads(r.stdout)
 
 
@@ -112,33 +96,24 @@ def make(path: Path, kind: str, size: int) -> tuple[str, str]:
     return "big", hashlib.sha256(served).hexdigest()
 
 
-def vm_hwm(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def run_refmount(src: Path, mnt: Path, size: int, key: str, digest: str) -> str:
     limit = max(size, 64 * MiB) + MiB
-    cmd = [sys.executable, "-m", "refmount", str(src), str(mnt), "-o",
-           f"no_disk_cache,max_inline={limit}"]
+    cmd = [sys.executable, "-m", "refmount", str(src), str(mnt), "-o", f"no_disk_cache,max_inline={limit}"]
     res = measured(cmd, 600)
     if res["rc"] != 0:
         return f"refused: {res['err'].strip()}"
-    pid = refmount_daemon_pid(mnt)
+    pid = h.refmount_daemon_pid(mnt)
     try:
-        h = hashlib.sha256()
+        hsh = hashlib.sha256()
         with open(mnt / key, "rb") as f:
             while chunk := f.read(4 * MiB):
-                h.update(chunk)
-        ok = h.hexdigest() == digest
-        daemon = vm_hwm(pid) if pid else 0
+                hsh.update(chunk)
+        ok = hsh.hexdigest() == digest
+        daemon = h.proc_status(pid).get("VmHWM", 0) if pid else 0
     finally:
-        fuse_unmount(mnt, [pid] if pid else [], print)
-    return (f"{res['seconds']:7.2f} s  CLI peak {res['rss'] / MiB:6.0f} MiB  daemon peak "
-            f"{daemon / MiB:6.0f} MiB  {'content ok' if ok else 'CONTENT DIFFERS'}")
+        h.fuse_unmount(mnt, [pid] if pid else [], print)
+    return (f"{res['seconds']:.2f} s; CLI peak {res['rss'] / MiB:,.0f} MiB; daemon peak "
+            f"{daemon / MiB:,.0f} MiB; {'content ok' if ok else 'CONTENT DIFFERS'}")
 
 
 def run_fsspec(src: Path, key: str, timeout: float) -> str:
@@ -149,32 +124,41 @@ def run_fsspec(src: Path, key: str, timeout: float) -> str:
     if res["rc"] != 0:
         return "failed: " + (res["err"].strip().splitlines() or ["?"])[-1]
     own = json.loads(res["out"])
-    return f"{own['seconds']:7.2f} s  peak {res['rss'] / MiB:6.0f} MiB"
+    return f"{own['seconds']:.2f} s; peak {res['rss'] / MiB:,.0f} MiB"
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 64, 256], metavar="MIB")
-    kinds = ["plain", "base64", "object", "v1", "parquet"]
-    p.add_argument("--kinds", nargs="+", default=kinds, choices=kinds)
-    p.add_argument("--timeout", type=float, default=300.0, help="bound of each fsspec run")
-    args = p.parse_args()
-    print(f"load average {os.getloadavg()[0]:.1f} (the machine may be shared)")
-    with tempfile.TemporaryDirectory(prefix="bench-inline-") as tmp:
-        work = Path(tmp)
-        mnt = work / "mnt"
-        mnt.mkdir()
-        for kind in args.kinds:
-            for mib in args.sizes:
+def add_arguments(p: Any) -> None:
+    p.add_argument("--sizes", default=None, help="MiB of the value, comma list (1,8,64,256; --quick 1,8)")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"comma list of {','.join(KINDS)}")
+
+
+def run(args: argparse.Namespace, workloads: list[str], peers: list[str], work: Path) -> list[Table]:
+    sizes = [int(x) for x in (args.sizes or ("1,8" if args.quick else "1,8,64,256")).split(",")]
+    kinds = [k for k in args.kinds.split(",") if k]
+    if bad := set(kinds) - set(KINDS):
+        raise SystemExit(f"unknown kinds: {sorted(bad)}")
+    timeout = args.timeout or 300.0
+    t = Table("inline", "large inline values: ready; CLI peak RSS; daemon peak RSS",
+              ["value", "MiB", *({"refmount": "refmount", "inproc": "fsspec in-process"}[p] for p in peers)],
+              align="lrll")
+    shutil.rmtree(work, ignore_errors=True)
+    mnt = work / "mnt"
+    mnt.mkdir(parents=True)
+    try:
+        for kind in kinds:
+            for mib in sizes:
+                h.wait_idle(args.quiet_wait, args.quiet_load)
                 src = work / f"{kind}-{mib}" if kind == "parquet" else work / f"{kind}-{mib}.json"
                 key, digest = make(src, kind, mib * MiB)
-                print(f"{kind:7} {mib:4d} MiB  refmount: "
-                      f"{run_refmount(src, mnt, mib * MiB, key, digest)}")
-                print(f"{'':7} {'':4}      fsspec:   {run_fsspec(src, key, args.timeout)}")
+                row = [kind, str(mib)]
+                if "refmount" in peers:
+                    row.append(run_refmount(src, mnt, mib * MiB, key, digest))
+                if "inproc" in peers:
+                    row.append(run_fsspec(src, key, timeout))
+                print(" | ".join(row), file=sys.stderr, flush=True)
+                t.rows.append(row)
                 shutil.rmtree(src) if src.is_dir() else src.unlink()
-    print(f"bench peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    finally:
+        h.fuse_unmount(mnt, [], print)
+        shutil.rmtree(work, ignore_errors=True)
+    return [t]

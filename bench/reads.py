@@ -1,68 +1,26 @@
-#!/usr/bin/env python3
-"""Read-path benchmark (issue 4): refmount next to its peers, one table, one run.
+"""The read-path workloads (``seq``, ``m1``, ``f64``, ``batch``, ``zarr``, ``decode``): refmount
+next to its peers reading one file served by nginx on loopback, one table.
 
-Setup: a file of incompressible bytes (default 2 GiB; reused from ``bench-work/bench/serve``)
-served by nginx (own configuration, 127.0.0.1, free port, sendfile, Range by default) started
-here and stopped by its PID at the end. One Version 0 reference set into it:
+The served file (incompressible bytes, ``--size``) is described by one Version 0 set:
+``data.bin`` = the whole file; ``a/0`` ... = 64 KiB ranges (zarr array ``a``, ``<f8``, no
+compressor); ``b/0`` ... = 1 MiB ranges (array ``b``). ``decode`` has a set of its own: a
+float32 array ``z`` of 1 MiB chunks stored with shuffle+zlib as kerchunk describes HDF5,
+read by zarr through ``-o decode`` (the mount decodes), through the raw mount (zarr decodes),
+in-process (zarr decodes) and by ``ncdump -v z`` through ``-o decode``.
 
-* ``data.bin`` -- the whole file, ``[url]``;
-* ``a/0`` ... ``a/9999`` -- 10,000 x 64 KiB ranges (zarr v2 array ``a``: <f8, chunks 8192, no
-  compressor);
-* ``b/0`` ... ``b/1023`` -- 1,024 x 1 MiB ranges (zarr v2 array ``b``: <f8, chunks 131072).
+Peers: refmount (the CLI's daemon); fsspec-fuse (``fsspec.fuse.run`` over
+``ReferenceFileSystem``, fusepy, single-threaded); inproc (``ReferenceFileSystem`` in the
+reading process: ``cat_file`` per key from N threads, ``open().read(1 MiB)``, ``cat(all
+keys)``, zarr over ``get_mapper("reference://...", asynchronous=True)``); curl (the same
+ranges over HTTP, ``--parallel-max N``); local (the served file in the page cache; for zarr a
+copy of the array's files in tmpfs; in the disk-cache warm rows the same bytes from the disk).
 
-Workload ``decode`` (rows ``dz_*``) has a reference set of its own: a float32 array ``z`` of
-``--decode-chunks`` chunks of 1 MiB decoded, stored with shuffle+zlib as kerchunk describes HDF5
-chunks (a smooth field with noise, about 2:1), served by the same nginx. It is read in full by
-zarr through a mount with ``-o decode`` (the mount decodes; the refmount column) next to
-in-process zarr over fsspec's references (zarr decodes, no FUSE), by zarr through the raw mount
-(zarr decodes), and by ``ncdump -v z`` through ``-o decode`` (NCZarr, no codecs of its own).
-
-Peers (columns):
-
-* refmount -- the CLI daemon (``refmount REFS MNT -o cache_dir=...,log=...``);
-* fsspec.fuse -- ``fsspec.fuse.run`` over ``ReferenceFileSystem`` (fusepy, its defaults:
-  single-threaded), with an ops class whose ``root`` is ``""`` so keys without a leading slash
-  are found; run in a child process in the foreground, stopped by PID + ``fusermount3 -uz``;
-* fsspec in-process -- ``ReferenceFileSystem(remote_protocol="http")`` in a child process:
-  ``fs.cat_file(key)`` per file from N threads, ``fs.open().read(1 MiB)`` for the whole file,
-  ``fs.cat(all keys)`` for the batch row, ``fsspec.get_mapper("reference://ARRAY", ...,
-  asynchronous=True)`` for zarr (zarr 3 cannot use a mapper over a synchronous instance);
-* curl -- the same bytes over HTTP (``-r`` ranges from a config file, ``--parallel-max N``);
-* local -- the served file itself from the local page cache (``dd``; open + pread + close per
-  item with the same reader threads as for the mounts); for zarr, the array's files copied
-  to a tmpfs directory (``/dev/shm``) and read by zarr the same way as through a mount: what
-  reading through *any* filesystem costs zarr, with no FUSE and no network at all. In the
-  disk-cache warm rows of the whole file and the 1 MiB refs, the same bytes read from the
-  local disk (the one under the cache directory) with the page cache dropped: the served
-  file with ``dd``, and the 1 MiB refs copied out as 1,024 plain files read by the same
-  reader as through the mount -- what the disk itself gives that pattern.
-
-Cold = fresh mount (and, for refmount, a fresh cache_dir), page cache dropped
-(``echo 3 > /proc/sys/vm/drop_caches`` where permitted, else fadvise DONTNEED) and the served
-file read back into the page cache (the server stays hot: we measure the client, not the
-disk). Warm = a second pass on the same mount. Disk-cache warm = unmount, drop the page cache,
-remount with the same cache_dir, read again. Readers are threads doing plain
-``open().read()`` in a child process. Every measurement runs in a child bounded by
-``--timeout`` (table shows "timeout"); everything mounted or started is unmounted / stopped by
-PID in ``finally``.
-
-The machine may be shared: before each pass we wait (``--quiet-wait``) for it to be idle, and
-measure the CPU other processes used during the pass (all user+system time minus ours and
-kernel threads) and the CPU the hypervisor took from this VM (steal time). A pass during which
-others (or steal) used more than ``--disturbed-load`` cores is redone
-(``--retries``; a cold pass from a fresh mount); if every attempt was disturbed, the best one is
-shown, marked with a dagger. The details list CPU of the daemon (user/system), nginx and the
-readers, the mount's own counters (xattr ``user.refmount.stats``) and the attempts.
-With ``--profile``, extra refmount passes run under ``py-spy record`` (``--gil`` and all-threads
-modes) and a summary of where the daemon's time goes follows the table.
-
-Usage:
-    .venv/bin/python scripts/bench.py                 # full run (2 GiB, 10,000 + 1,024 refs)
-    .venv/bin/python scripts/bench.py --quick         # smoke run (256 MiB, 2,000 + 256 refs)
-    .venv/bin/python scripts/bench.py --quick --peers refmount --workloads f64 --readers 8
-    .venv/bin/python scripts/bench.py --profile       # + py-spy profiles of the refmount daemon
-    .venv/bin/python scripts/bench.py --latency 20 [--bandwidth 100m]
-                      # behind a server answering each request 20 ms late: scripts/bench_latency.py
+Cold = a fresh mount and a fresh ``cache_dir``, the page cache dropped and the served file
+read back into it. Warm = a second pass on the same mount. Disk-cache warm = unmounted, page
+cache dropped, mounted again with the same ``cache_dir``. Before each cold pass the run waits
+for an idle machine; a pass during which other processes (or the hypervisor's steal time)
+used more than ``--disturbed-load`` cores is redone (``--retries``), else the best attempt is
+shown with a dagger. ``--profile`` adds py-spy passes of the daemon to the details.
 """
 
 from __future__ import annotations
@@ -74,7 +32,6 @@ import os
 import platform
 import re
 import resource
-import shlex
 import shutil
 import signal
 import subprocess
@@ -88,17 +45,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bench_lib as bl
-
+from bench import harness as h
+from bench.report import Table, fmt_value
 from refmount.config import parse_size
 
-REPO = Path(__file__).resolve().parent.parent
-PY = sys.executable
-MiB, GiB = bl.MiB, bl.GiB
+PY = h.PY
+REPO = h.REPO
+KiB, MiB, GiB = h.KiB, h.MiB, h.GiB
 
-PEERS = ["refmount", "fsspec-fuse", "inproc", "curl", "local"]
+PEERS = ("refmount", "fsspec-fuse", "inproc", "curl", "local")
 PEER_TITLES = {
     "refmount": "refmount",
     "fsspec-fuse": "fsspec.fuse",
@@ -106,7 +61,14 @@ PEER_TITLES = {
     "curl": "curl",
     "local": "local (page cache; disk in disk-warm rows)",
 }
-WORKLOADS = ["seq", "m1", "f64", "batch", "zarr", "decode"]
+WORKLOADS = {
+    "seq": "whole file, cold / second / disk-cache warm sequential read (dd bs=1M)",
+    "m1": "1 MiB refs in key order, 1 reader: cold / second / disk-cache warm",
+    "f64": "64 KiB files with 1, 8, 32 readers (--readers): cold / second / disk-cache warm",
+    "batch": "64 KiB files in one batched fs.cat (in-process only)",
+    "zarr": "zarr arrays of 64 KiB and 1 MiB chunks, full read: cold / second",
+    "decode": "zlib+shuffle array: zarr via -o decode, via the raw mount, ncdump -v via -o decode",
+}
 
 
 # ============================================================================================
@@ -164,6 +126,85 @@ def make_rows(readers: list[int], n64: int, n1m: int, n_dec: int) -> list[Row]:
     return rows
 
 
+# ============================================================================================
+# The data sets
+# ============================================================================================
+
+
+def build_refs(url: str, n64: int, n1m: int) -> dict[str, Any]:
+    """Version 0 references: ``data.bin`` = the whole file; ``a/i`` = 64 KiB ranges at i*64 KiB
+    (zarr array a, chunks of 8192 <f8); ``b/j`` = 1 MiB ranges at j*1 MiB (array b)."""
+    refs: dict[str, Any] = {
+        ".zgroup": json.dumps({"zarr_format": 2}),
+        "data.bin": [url],
+        "a/.zarray": h.zarray(n64, 64 * KiB),
+        "a/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["x"]}),
+        "b/.zarray": h.zarray(n1m, MiB),
+        "b/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["y"]}),
+    }
+    for i in range(n64):
+        refs[f"a/{i}"] = [url, i * 64 * KiB, 64 * KiB]
+    for j in range(n1m):
+        refs[f"b/{j}"] = [url, j * MiB, MiB]
+    return refs
+
+
+def ensure_decode_data(serve_dir: Path, n_chunks: int, log: Callable[[str], None]) -> tuple[Path, Path]:
+    """A zlib+shuffle float32 array of ``n_chunks`` 1 MiB chunks (a smooth field with noise,
+    compressing about 2:1 like model output) as HDF5 stores it: the encoded chunks back to back
+    in ``decode-N.bin`` (served), with their lengths in ``decode-N.idx``; and the decoded values
+    in ``decode-N.f4`` (to verify what readers get). Reused when present."""
+    import numcodecs
+    import numpy as np
+
+    data = serve_dir / f"decode-{n_chunks}.bin"
+    idx, values = data.with_suffix(".idx"), data.with_suffix(".f4")
+    if data.exists() and idx.exists() and values.exists():
+        return data, values
+    log(f"generating the zlib+shuffle array: {n_chunks} x 1 MiB chunks in {data}")
+    t0 = time.perf_counter()
+    elems = MiB // 4
+    rng = np.random.default_rng(16)
+    x = np.arange(elems, dtype="f4")
+    shuffle, zlib = numcodecs.Shuffle(elementsize=4), numcodecs.Zlib(level=4)
+    lengths = []
+    with open(str(data) + ".tmp", "wb") as out, open(str(values) + ".tmp", "wb") as vals:
+        for i in range(n_chunks):
+            chunk = (280 + 10 * np.sin(x / 3000 + i) + rng.normal(0, 0.25, elems)).astype("<f4")
+            chunk = np.round(chunk, 2).astype("<f4")  # two decimals, as measured values often are
+            encoded = zlib.encode(shuffle.encode(chunk))
+            out.write(encoded)
+            vals.write(chunk.tobytes())
+            lengths.append(len(encoded))
+    idx.write_text(json.dumps(lengths))
+    os.replace(str(values) + ".tmp", values)
+    os.replace(str(data) + ".tmp", data)
+    log(f"  generated in {time.perf_counter() - t0:.1f} s, {sum(lengths) / MiB:.0f} MiB stored "
+        f"for {n_chunks} MiB decoded")
+    return data, values
+
+
+def build_decode_refs(url: str, data: Path) -> dict[str, Any]:
+    """Version 0 references to the zlib+shuffle array ``z`` in ``data`` (filters as kerchunk
+    writes them for HDF5: shuffle, then zlib, no compressor)."""
+    lengths = json.loads(data.with_suffix(".idx").read_text())
+    elems = MiB // 4
+    refs: dict[str, Any] = {
+        ".zgroup": json.dumps({"zarr_format": 2}),
+        "z/.zarray": json.dumps({
+            "zarr_format": 2, "shape": [len(lengths) * elems], "chunks": [elems], "dtype": "<f4",
+            "compressor": None, "filters": [{"id": "shuffle", "elementsize": 4}, {"id": "zlib", "level": 4}],
+            "fill_value": None, "order": "C",
+        }),
+        "z/.zattrs": json.dumps({"_ARRAY_DIMENSIONS": ["t"], "units": "K"}),
+    }
+    off = 0
+    for i, n in enumerate(lengths):
+        refs[f"z/{i}"] = [url, off, n]
+        off += n
+    return refs
+
+
 @dataclass
 class Cell:
     value: float | None = None
@@ -184,14 +225,6 @@ class Attempt:
     steal: float = 0.0  # cores the hypervisor gave to other machines while this one wanted them
 
 
-def fmt_value(v: float) -> str:
-    if v >= 100:
-        return f"{v:,.0f}"
-    if v >= 10:
-        return f"{v:.1f}"
-    return f"{v:.2f}"
-
-
 def fmt_cell(c: Cell | None) -> str:
     if c is None:
         return "—"
@@ -210,48 +243,25 @@ def rate(res: dict[str, Any], unit: str) -> float:
 
 
 # ============================================================================================
-# Mount sessions
-# ============================================================================================
-
-
-@dataclass
-class Mount:
-    peer: str
-    mnt: Path
-    pids: list[int]  # processes that serve the mount (that we started)
-    cpu_pid: int  # the one whose CPU we report
-
-    def stats(self) -> dict[str, Any] | None:
-        if self.peer != "refmount":
-            return None
-        try:
-            return json.loads(os.getxattr(self.mnt, "user.refmount.stats"))
-        except (OSError, ValueError):
-            return None
-
-
-class Failed(Exception):
-    """A measurement did not produce a number; ``str()`` goes in the table cell."""
-
-
-# ============================================================================================
 # The benchmark
 # ============================================================================================
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, workloads: list[str], peers: list[str], work: Path) -> None:
         self.args = args
-        self.work = Path(args.work).resolve()
+        self.workloads, self.peers = workloads, peers
+        self.work = work
         self.serve_dir = self.work / "serve"
         self.data = self.serve_dir / f"data-{args.size_bytes}.bin"
         self.logs = self.work / "logs"
         self.mnt_root = self.work / "mnt"
         self.cache_root = self.work / "cache"
+        self.caches = h.CacheDirs(self.cache_root)
         self.size = args.size_bytes
         self.n64 = args.files64k
         self.n1m = args.files1m
-        self.timeout = args.timeout
+        self.timeout = args.reads_timeout
         self.rows = make_rows(args.readers_list, self.n64, self.n1m, args.decode_chunks)
         self.decode_refs = self.work / "decode-refs.json"
         self.decode_data: Path | None = None
@@ -259,7 +269,7 @@ class Bench:
         self.cells: dict[tuple[str, str], Cell] = {}
         self.details: list[str] = []
         self.profiles: dict[str, str] = {}
-        self.nginx: bl.Nginx | None = None
+        self.nginx: h.Nginx | None = None
         self.refs_path = self.work / "refs.json"
         self.live_mounts: dict[Path, list[int]] = {}
         self.live_children: set[int] = set()
@@ -270,10 +280,6 @@ class Bench:
         self.n_disturbed = 0
         self.quiet_waited = 0.0
         self.disk_rates: list[float] = []  # MB/s of re-reading the served file after drop_caches
-        self.refmount_bin = Path(PY).parent / "refmount"
-        if not self.refmount_bin.exists():
-            self.refmount_bin = Path(shutil.which("refmount") or "refmount")
-        self.refmount_help = ""
         self.child_seq = 0
         self.log_file = None
 
@@ -292,95 +298,66 @@ class Bench:
         self.log_file = open(self.logs / "bench.log", "w")  # noqa: SIM115
         for m in (self.mnt_root / "refmount", self.mnt_root / "fsspec-fuse"):
             m.mkdir(exist_ok=True)
-            if bl.mounted(m):
+            if h.mounted(m):
                 raise SystemExit(f"{m} is still mounted (from an earlier run?): fusermount3 -u {m}")
         # Only our own data files: remove other sizes of ours to save disk.
         for old in self.serve_dir.glob("data-*.bin*"):
             if old != self.data and self.args.prune_data:
                 old.unlink()
-        bl.ensure_data(self.data, self.size, self.log)
-        self.nginx = bl.Nginx(self.serve_dir, self.work / "nginx")
+        h.ensure_data(self.data, self.size, self.log)
+        self.nginx = h.Nginx(self.serve_dir, self.work / "nginx")
         self.nginx.start()
         self.log(f"nginx pid {self.nginx.proc.pid} on 127.0.0.1:{self.nginx.port}")
         url = self.nginx.url(self.data.name)
-        refs = bl.build_refs(url, self.n64, self.n1m)
+        refs = build_refs(url, self.n64, self.n1m)
         self.refs_path.write_text(json.dumps(refs))
         self.log(f"reference set {self.refs_path}: {len(refs):,} keys")
-        if "decode" in self.args.workloads_list:
-            self.decode_data, self.decode_values = bl.ensure_decode_data(
+        if "decode" in self.workloads:
+            self.decode_data, self.decode_values = ensure_decode_data(
                 self.serve_dir, self.args.decode_chunks, self.log)
-            refs = bl.build_decode_refs(self.nginx.url(self.decode_data.name), self.decode_data)
+            refs = build_decode_refs(self.nginx.url(self.decode_data.name), self.decode_data)
             self.decode_refs.write_text(json.dumps(refs))
         r = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "-r", "0-9", url],
                            capture_output=True, text=True, timeout=30)
         if r.stdout != "206":
             raise SystemExit(f"nginx does not answer a Range request with 206: {r.stdout} {r.stderr}")
-        self.refmount_help = subprocess.run([str(self.refmount_bin), "--help"], capture_output=True,
-                                            text=True, timeout=60).stdout
 
     def cleanup(self) -> None:
         for mnt, pids in list(self.live_mounts.items()):
             self.log(f"cleanup: unmounting {mnt}")
             with contextlib.suppress(Exception):
-                bl.fuse_unmount(mnt, pids, self.log, timeout=10)
+                h.fuse_unmount(mnt, pids, self.log, timeout=10)
             self.live_mounts.pop(mnt, None)
         for pid in list(self.live_children):
-            bl.stop_pid(pid, 2)
+            h.stop_pid(pid, 2)
         if self.nginx is not None:
             self.nginx.stop()
             self.log("nginx stopped")
         if not self.args.keep_cache:
-            shutil.rmtree(self.cache_root, ignore_errors=True)
+            self.caches.cleanup()
 
     # ---- primitives -----------------------------------------------------------------------
     def prepare_cold(self) -> None:
         t0 = time.perf_counter()
-        self.cold_method = bl.drop_page_cache([self.cache_root])
-        warm = bl.warm_file(self.data)
+        self.cold_method = h.drop_page_cache([self.cache_root])
+        warm = h.warm_file(self.data)
         if self.decode_data is not None:
-            bl.warm_file(self.decode_data)
+            h.warm_file(self.decode_data)
         if self.cold_method == "drop_caches":
             self.disk_rates.append(self.size / max(warm, 1e-9) / 1e6)
         self.log(f"  page cache dropped ({self.cold_method}), served file re-read in {warm:.1f} s "
                  f"[{time.perf_counter() - t0:.1f} s]")
 
     def run_child(self, kind: str, spec: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
-        """Run a measuring child; its JSON lines. Raises Failed('timeout') (partial results
-        are attached as ``.partial``)."""
+        """Run a measuring child; its JSON lines (h.Failed with the partial ones)."""
         self.child_seq += 1
         err_path = self.logs / f"child-{self.child_seq:03d}-{kind}.err"
-        cmd = [PY, str(Path(__file__).resolve()), "_child", kind, json.dumps(spec)]
-        with open(err_path, "w") as err:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                    text=True)
-            self.live_children.add(proc.pid)
-            timed_out = False
-            try:
-                out, _ = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                proc.kill()
-                try:
-                    out, _ = proc.communicate(timeout=30)
-                except subprocess.TimeoutExpired:
-                    out = ""
-            finally:
-                if proc.poll() is not None:
-                    self.live_children.discard(proc.pid)
-        results = [json.loads(ln) for ln in (out or "").splitlines() if ln.startswith("{")]
-        fatal = [r["fatal"] for r in results if "fatal" in r]
-        results = [r for r in results if "fatal" not in r]
-        if timed_out:
-            e = Failed("timeout")
-            e.partial = results  # type: ignore[attr-defined]
-            raise e
-        if fatal or (proc.returncode != 0 and not results):
-            why = fatal[0] if fatal else f"exit {proc.returncode}"
-            self.log(f"    child failed: {why} (see {err_path})")
-            e = Failed("error")
-            e.partial = results  # type: ignore[attr-defined]
-            raise e
-        return results
+        try:
+            return h.run_child(kind, spec, timeout, err_path, self.live_children)
+        except h.Failed as e:
+            if str(e) == "error":
+                self.log(f"    child failed: {e.__cause__} (see {err_path})")
+            raise
 
     def timed_cmd(self, cmd: list[str], timeout: float) -> tuple[float, str, str, float]:
         """Run a command; wall seconds, stdout, stderr, CPU seconds of the command."""
@@ -395,7 +372,7 @@ class Bench:
             proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.communicate(timeout=30)
-            raise Failed("timeout") from None
+            raise h.Failed("timeout") from None
         finally:
             if proc.poll() is not None:
                 self.live_children.discard(proc.pid)
@@ -404,7 +381,7 @@ class Bench:
         cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         if proc.returncode != 0:
             self.log(f"    {cmd[0]} exited {proc.returncode}: {err.strip()[-300:]}")
-            raise Failed("error")
+            raise h.Failed("error")
         return elapsed, out, err, cpu
 
     def dd(self, path: Path) -> list[dict[str, Any]]:
@@ -489,29 +466,23 @@ class Bench:
         self.n_passes += 1
         if self.args.quiet_wait <= 0:
             return ""
-        t0 = time.monotonic()
-        while True:
-            b0 = bl.machine_busy()
-            time.sleep(0.5)
-            load = (bl.machine_busy() - b0) / 0.5
-            waited = time.monotonic() - t0
-            if load <= self.args.quiet_load:
-                self.quiet_waited += waited
-                return f"waited {waited:.0f} s for a quiet machine" if waited > 1 else ""
-            if waited >= self.args.quiet_wait:
-                self.log(f"    machine still busy ({load:.2f} cores) after {waited:.0f} s; measuring anyway")
-                self.n_busy += 1
-                return f"machine NOT quiet ({load:.2f} cores busy before the pass)"
+        waited, load = h.wait_idle(self.args.quiet_wait, self.args.quiet_load)
+        if load <= self.args.quiet_load:
+            self.quiet_waited += waited
+            return f"waited {waited:.0f} s for a quiet machine" if waited > 1 else ""
+        self.log(f"    machine still busy ({load:.2f} cores) after {waited:.0f} s; measuring anyway")
+        self.n_busy += 1
+        return f"machine NOT quiet ({load:.2f} cores busy before the pass)"
 
     def rewarm_server(self) -> str:
         """Make sure the served file is all in the page cache (this VM may page idle cache out)."""
-        frac = bl.resident_fraction(self.data)
+        frac = h.resident_fraction(self.data)
         if frac is None or frac >= 0.999:
             return ""
-        t = bl.warm_file(self.data)
+        t = h.warm_file(self.data)
         return f"served file was {100 * frac:.0f}% in the page cache, re-read in {t:.1f} s before the pass"
 
-    def attempt(self, runner: Callable[[], list[dict[str, Any]]], mount: Mount | None = None,
+    def attempt(self, runner: Callable[[], list[dict[str, Any]]], mount: h.Mount | None = None,
                 profile: Callable[[], contextlib.AbstractContextManager[dict[str, Any]]] | None = None,
                 quiet: str | None = None) -> Attempt:
         """Run a measuring runner once, with the server side's CPU, the mount's counters and the
@@ -527,13 +498,13 @@ class Bench:
         if rewarm:
             extra.append(rewarm)
         # Last thing before the pass: how fast this VM hands out memory right now.
-        extra.append(f"fresh memory {bl.fresh_memory_rate():.2f} GiB/s just before the pass")
+        extra.append(f"fresh memory {h.fresh_memory_rate():.2f} GiB/s just before the pass")
         with (profile or (lambda: contextlib.nullcontext({})))() as box:
             att = self._attempt(runner, mount, extra)
             box["res"] = att.res[0] if att.res else None
         return att
 
-    def warm_attempt(self, runner: Callable[[], list[dict[str, Any]]], mount: Mount) -> Attempt:
+    def warm_attempt(self, runner: Callable[[], list[dict[str, Any]]], mount: h.Mount) -> Attempt:
         """A warm pass: no wait for a quiet machine first; for refmount, note how much of it missed
         the kernel page cache (the VM may have paged it out: then it is redone)."""
         s0 = mount.stats()
@@ -543,40 +514,40 @@ class Bench:
             att.missed = (s1.get("bytes_read", 0) - s0.get("bytes_read", 0)) / att.res[0]["bytes"]
         return att
 
-    def _attempt(self, runner: Callable[[], list[dict[str, Any]]], mount: Mount | None,
+    def _attempt(self, runner: Callable[[], list[dict[str, Any]]], mount: h.Mount | None,
                  extra: list[str]) -> Attempt:
         assert self.nginx is not None
         n0 = self.nginx.cpu()
-        d0 = bl.proc_cpu_split(mount.cpu_pid) if mount else None
+        d0 = h.proc_cpu_split(mount.cpu_pid) if mount else None
         # refmount's disk-cache writer is a child of its daemon: its CPU is the mount's too
-        helpers = bl.children_of(mount.cpu_pid) if mount else []
-        h0 = sum(bl.proc_cpu(p) or 0.0 for p in helpers)
+        helpers = h.children_of(mount.cpu_pid) if mount else []
+        h0 = sum(h.proc_cpu(p) or 0.0 for p in helpers)
         s0 = mount.stats() if mount else None
-        snap0 = bl.cpu_by_pid()
-        sys0, own0, steal0 = bl.system_cpu(), bl.own_cpu(), bl.steal_cpu()
+        snap0 = h.cpu_by_pid()
+        sys0, own0, steal0 = h.system_cpu(), h.own_cpu(), h.steal_cpu()
         t0 = time.perf_counter()
         try:
             results = runner()
             failure = "" if results else "error (no result)"
-        except Failed as e:
+        except h.Failed as e:
             results, failure = getattr(e, "partial", []), str(e)
         window = max(time.perf_counter() - t0, 1e-3)
-        sys1, own1, steal = bl.system_cpu(), bl.own_cpu(), bl.steal_cpu() - steal0
-        snap1 = bl.cpu_by_pid()
+        sys1, own1, steal = h.system_cpu(), h.own_cpu(), h.steal_cpu() - steal0
+        snap1 = h.cpu_by_pid()
         mine = {*self.nginx.pids(), *self.live_children, *(mount.pids if mount else []), *helpers}
-        others, top = bl.others_cpu(sys0, sys1, own1 - own0, snap0, snap1, mine)
+        others, top = h.others_cpu(sys0, sys1, own1 - own0, snap0, snap1, mine)
         # Clock ticks are 10 ms: ignore a few of them in very short passes.
         others = max(others - 0.03, 0.0)
         wall = max(results[0]["elapsed"], 1e-9) if results else window
         extra.append(f"nginx CPU {self.nginx.cpu() - n0:.2f} s")
         if mount and d0 is not None:
-            d1 = bl.proc_cpu_split(mount.cpu_pid)
+            d1 = h.proc_cpu_split(mount.cpu_pid)
             if d1 is not None:
                 us, sy = d1[0] - d0[0], d1[1] - d0[1]
                 extra.insert(0, f"{mount.peer} daemon CPU {us + sy:.2f} s = {100 * (us + sy) / wall:.0f}% "
                                 f"of wall (user {us:.2f} s, sys {sy:.2f} s)")
                 if helpers:
-                    h1 = sum(bl.proc_cpu(p) or 0.0 for p in helpers)
+                    h1 = sum(h.proc_cpu(p) or 0.0 for p in helpers)
                     extra.insert(1, f"its cache-writer process CPU {h1 - h0:.2f} s")
         s1 = mount.stats() if mount else None
         if s0 and s1:
@@ -662,7 +633,7 @@ class Bench:
 
         def from_disk_runner() -> list[dict[str, Any]]:
             # Dropped here, after attempt() has made sure the served file is resident.
-            self.log(f"  page cache dropped ({bl.drop_page_cache([self.work])}), not re-read")
+            self.log(f"  page cache dropped ({h.drop_page_cache([self.work])}), not re-read")
             return runner()
 
         def make(_: int) -> Attempt:
@@ -688,78 +659,35 @@ class Bench:
 
     # ---- mounts ---------------------------------------------------------------------------
     def refmount_options(self, cache_dir: Path, tag: str, extra: str = "") -> str:
-        opts = [f"cache_dir={cache_dir}", f"log={self.logs / f'refmount-{tag}.log'}"]
-        if re.search(r"\bcache_size=", self.refmount_help):
-            opts.append(f"cache_size={max(2 * self.size, 4 * GiB)}")
+        opts = [f"cache_dir={cache_dir}", f"log={self.logs / f'refmount-{tag}.log'}",
+                f"cache_size={max(2 * self.size, 4 * GiB)}"]
         if self.args.refmount_opts:
             opts.append(self.args.refmount_opts)
         if extra:
             opts.append(extra)
         return ",".join(opts)
 
-    def mount_refmount(self, cache_dir: Path, tag: str, extra_opts: str = "",
-                       refs: Path | None = None) -> Mount:
-        mnt = self.mnt_root / "refmount"
-        cmd = [str(self.refmount_bin), str(refs or self.refs_path), str(mnt), "-o",
-               self.refmount_options(cache_dir, tag, extra_opts)]
-        self.log(f"  $ {shlex.join(cmd)}")
-        t0 = time.perf_counter()
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-        except subprocess.TimeoutExpired:
-            pid = bl.refmount_daemon_pid(mnt)
-            self.live_mounts[mnt] = [pid] if pid else []
-            raise Failed("DNF (mount)") from None
-        pid = bl.refmount_daemon_pid(mnt)
-        if pid:
-            self.live_mounts[mnt] = [pid]
-        if r.returncode != 0 or pid is None:
-            self.log(f"    refmount failed ({r.returncode}): {r.stderr.strip()}")
-            raise Failed("mount failed")
-        expect = [".zgroup", "z"] if refs is not None else ["data.bin", "a", "b", ".zgroup"]
-        if not bl.wait_mount_answers(mnt, expect, 30):
-            raise Failed("mount failed (listing)")
-        self.log(f"    mounted in {time.perf_counter() - t0:.2f} s, daemon pid {pid}")
-        return Mount("refmount", mnt, [pid], pid)
-
-    def mount_fsspec_fuse(self) -> Mount:
-        mnt = self.mnt_root / "fsspec-fuse"
-        spec = {"refs": str(self.refs_path), "mnt": str(mnt), "threads": self.args.fsspec_fuse_threads}
-        self.child_seq += 1
-        err = open(self.logs / f"fsspec-fuse-{self.child_seq:03d}.log", "w")  # noqa: SIM115
-        cmd = [PY, str(Path(__file__).resolve()), "_child", "fsspec_fuse", json.dumps(spec)]
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err)
-        err.close()
-        self.live_mounts[mnt] = [proc.pid]
-        if not bl.wait_mount_answers(mnt, ["data.bin", "a", "b", ".zgroup"], 120, proc):
-            self.log(f"    fsspec.fuse did not answer (exit {proc.poll()}), see {err.name}")
-            raise Failed("mount failed")
-        self.log(f"    fsspec.fuse mounted, pid {proc.pid}, root lists data.bin, a, b, .zgroup")
-        return Mount("fsspec-fuse", mnt, [proc.pid], proc.pid)
-
-    def unmount(self, m: Mount) -> None:
-        if m.peer == "fsspec-fuse":
-            # Stopped by PID (libfuse2 unmounts on SIGTERM), then a lazy unmount if needed.
-            for pid in m.pids:
-                bl.stop_pid(pid, 10)
-            if bl.mounted(m.mnt):
-                subprocess.run(["fusermount3", "-uz", str(m.mnt)], capture_output=True, timeout=60)
+    def mount(self, peer: str, cache_dir: Path | None, tag: str, extra_opts: str = "",
+              refs: Path | None = None) -> h.Mount:
+        mnt = self.mnt_root / peer
+        if peer == "refmount":
+            assert cache_dir is not None
+            m = h.mount_refmount(refs or self.refs_path, mnt,
+                                 self.refmount_options(cache_dir, tag, extra_opts).split(","), 180, self.log)
         else:
-            bl.fuse_unmount(m.mnt, m.pids, self.log)
-        for pid in m.pids:
-            with contextlib.suppress(ChildProcessError, OSError):
-                os.waitpid(pid, os.WNOHANG)
-        if bl.mounted(m.mnt):
+            self.child_seq += 1
+            m = h.mount_fsspec_fuse(self.refs_path, mnt, self.logs / f"fsspec-fuse-{self.child_seq:03d}.log",
+                                    120, threads=self.args.fsspec_fuse_threads)
+            self.log(f"    fsspec.fuse mounted, pid {m.cpu_pid}")
+        self.live_mounts[mnt] = m.pids
+        return m
+
+    def unmount(self, m: h.Mount) -> None:
+        m.unmount(self.log)
+        if h.mounted(m.mnt):
             self.log(f"    WARNING: {m.mnt} still mounted")
         else:
             self.live_mounts.pop(m.mnt, None)
-
-    def mount(self, peer: str, cache_dir: Path | None, tag: str, extra_opts: str = "",
-              refs: Path | None = None) -> Mount:
-        if peer == "refmount":
-            assert cache_dir is not None
-            return self.mount_refmount(cache_dir, tag, extra_opts, refs)
-        return self.mount_fsspec_fuse()
 
     def mount_session(self, peer: str, tag: str, cold: str, warm: str | None, disk: str | None,
                       runner: Callable[[Path], Callable[[], list[dict[str, Any]]]],
@@ -774,7 +702,7 @@ class Bench:
             return
         cache_dir = self.cache_root / tag if peer == "refmount" else None
         self.log(f"[{PEER_TITLES[peer]}] {tag}")
-        cur: list[Mount] = []  # the live mount of these passes, if any
+        cur: list[h.Mount] = []  # the live mount of these passes, if any
 
         def drop_mount() -> None:
             while cur:
@@ -783,13 +711,12 @@ class Bench:
         def fresh(remount: bool, ptag: str) -> Attempt:
             drop_mount()
             if cache_dir is not None and not remount:
-                self.set_aside(cache_dir)
-                cache_dir.mkdir(parents=True)
+                self.caches.fresh(tag)
             quiet = self.wait_quiet()
             self.prepare_cold()
             try:
                 m = self.mount(peer, cache_dir, tag + ("-remount" if remount else ""), extra_opts, refs)
-            except Failed as e:
+            except h.Failed as e:
                 return Attempt([], str(e))
             cur.append(m)
             spy = (lambda: self.profiled(profile, m, ptag)) if profile else None
@@ -816,21 +743,10 @@ class Bench:
         finally:
             drop_mount()
             if cache_dir is not None:
-                self.set_aside(cache_dir)
-
-    def set_aside(self, cache_dir: Path) -> None:
-        """Move a used cache_dir out of the way; all are deleted at the end of the run.
-        Deleting tens of thousands of block files right before a cold pass made every file
-        the next pass creates cost a scan past "recently deleted" inodes (this machine's ext4
-        has no journal; perf: find_inode_bit/recently_deleted): a cost of the benchmark's
-        clean-up, not of a cold start."""
-        if cache_dir.exists():
-            trash = self.cache_root / ".used"
-            trash.mkdir(parents=True, exist_ok=True)
-            cache_dir.rename(trash / f"{cache_dir.name}-{time.monotonic_ns()}")
+                self.caches.set_aside(cache_dir)
 
     @contextlib.contextmanager
-    def profiled(self, profile: str, m: Mount, tag: str) -> Iterator[dict[str, Any]]:
+    def profiled(self, profile: str, m: h.Mount, tag: str) -> Iterator[dict[str, Any]]:
         """py-spy attached to the daemon while the body runs; the body puts its result in the box."""
         spy = self.start_pyspy(m, tag, profile)
         box: dict[str, Any] = {}
@@ -845,7 +761,7 @@ class Bench:
             try:
                 res = self.run_child("verify", {"path": str(mnt / "data.bin"), "local": str(self.data),
                                                 "size": self.size}, 120)[0]
-            except Failed as e:
+            except h.Failed as e:
                 self.details.append(f"- {PEER_TITLES[peer]} · whole-file content check: {e}")
                 return
             self.details.append(f"- {PEER_TITLES[peer]} · whole-file content check: {res['verified']}")
@@ -857,7 +773,7 @@ class Bench:
         return check
 
     # ---- py-spy ---------------------------------------------------------------------------
-    def start_pyspy(self, m: Mount, tag: str, mode: str) -> dict[str, Any] | None:
+    def start_pyspy(self, m: h.Mount, tag: str, mode: str) -> dict[str, Any] | None:
         spy = Path(PY).parent / "py-spy"
         if not spy.exists():
             spy = Path(shutil.which("py-spy") or "")
@@ -912,7 +828,7 @@ class Bench:
 
     # ---- workload families ----------------------------------------------------------------
     def want(self, peer: str) -> bool:
-        return peer in self.args.peers_list
+        return peer in self.peers
 
     def fam_seq(self) -> None:
         if self.want("local"):
@@ -999,7 +915,7 @@ class Bench:
 
     def zarr_copy(self, arr: str) -> Path:
         """The array's keys as files in a tmpfs directory: the local peer of the zarr rows."""
-        return bl.zarr_copy(self.refs_path, self.data, arr)
+        return h.zarr_copy(self.refs_path, self.data, arr)
 
     def fam_zarr(self, arr: str) -> None:
         cold, warm = f"zarr_{arr}_cold", f"zarr_{arr}_warm"
@@ -1053,7 +969,7 @@ class Bench:
                            extra_opts="decode", refs=self.decode_refs)
 
     def run(self) -> None:
-        wl = self.args.workloads_list
+        wl = self.workloads
         if "seq" in wl:
             self.fam_seq()
         if "m1" in wl:
@@ -1086,7 +1002,7 @@ class Bench:
                                lambda mnt: lambda: self.run_child(
                                    "files", self.files_spec(mnt, "a/", self.n64, 64 * 1024, n), self.timeout),
                                profile=mode)
-            if "seq" in self.args.workloads_list:
+            if "seq" in self.workloads:
                 self.mount_session("refmount", f"prof_{mode}_seq", "prof_seq_cold", None, "prof_seq_disk",
                                    lambda mnt: lambda: self.dd(mnt / "data.bin"), profile=mode)
         prof_details = [d for d in self.details if "`prof_" in d]
@@ -1111,11 +1027,11 @@ class Bench:
         assert row.threshold is not None
         return "yes" if c.value >= row.threshold else "no"
 
-    def table(self) -> str:
-        peers = [p for p in PEERS if p in self.args.peers_list]
-        head = ["workload", "unit", *(PEER_TITLES[p] for p in peers), "goal (refmount)", "met"]
-        lines = ["| " + " | ".join(head) + " |",
-                 "|" + "|".join(["---", "---"] + ["---:"] * len(peers) + ["---", "---"]) + "|"]
+    def table(self) -> Table:
+        peers = [p for p in PEERS if p in self.peers]
+        t = Table("reads", "refmount read-path benchmark",
+                  ["workload", "unit", *(PEER_TITLES[p] for p in peers), "goal (refmount)", "met"],
+                  align="ll" + "r" * len(peers) + "ll")
         for row in self.rows:
             cells = [self.cells.get((row.id, p)) for p in peers]
             if all(c is None for c in cells):
@@ -1124,9 +1040,8 @@ class Bench:
             if "refmount" in peers and self.met(row) == "no":
                 i = peers.index("refmount")
                 vals[i] = f"**{vals[i]}**"
-            lines.append("| " + " | ".join([row.label, row.unit, *vals, row.goal or "—", self.met(row)
-                                            or "—"]) + " |")
-        return "\n".join(lines)
+            t.rows.append([row.label, row.unit, *vals, row.goal or "—", self.met(row) or "—"])
+        return t
 
     def disk_fact(self) -> str:
         if not self.disk_rates:
@@ -1173,10 +1088,10 @@ class Bench:
             f"numpy {version('numpy')}",
             f"- {cmd_out(['/usr/sbin/nginx', '-v'])} (sendfile on, access_log off, workers auto); "
             f"{' '.join(cmd_out(['curl', '--version']).split()[:2])}",
-            f"- proactive reclaim: {bl.damon_reclaim() or 'none seen'} (page cache idle that long may be "
+            f"- proactive reclaim: {h.damon_reclaim() or 'none seen'} (page cache idle that long may be "
             "gone before a warm pass; the served file is re-read before each pass when it is not all "
             "resident, and the mount's own counters in the details show reads that missed the page cache)",
-            f"- free page reporting (virtio-balloon): {bl.free_page_reporting() or 'not seen'}. Memory a "
+            f"- free page reporting (virtio-balloon): {h.free_page_reporting() or 'not seen'}. Memory a "
             "process touches for the first time then comes back from the host at a fraction of the "
             "usual speed; each pass's details give the rate measured just before it ('fresh memory'), "
             "and whatever a pass allocates anew (zarr's output array, the page cache a mount fills) "
@@ -1273,27 +1188,16 @@ def _package(frame: str) -> str:
 
 
 # ============================================================================================
-# Main
+# Options and run
 # ============================================================================================
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", default=None, help="size of the served file (default 2G; --quick 256M)")
-    p.add_argument("--quick", action="store_true", help="smoke run: 256 MiB, 2,000 x 64 KiB, 256 x 1 MiB")
-    p.add_argument("--files64k", type=int, default=None, help="number of 64 KiB refs (default 10000)")
-    p.add_argument("--files1m", type=int, default=None, help="number of 1 MiB refs (default 1024)")
+def add_arguments(p: Any) -> None:
+    p.add_argument("--files64k", type=int, default=None, help="number of 64 KiB refs (10000; --quick 2000)")
+    p.add_argument("--files1m", type=int, default=None, help="number of 1 MiB refs (1024; --quick 256)")
     p.add_argument("--decode-chunks", type=int, default=None,
-                   help="1 MiB chunks of the zlib+shuffle array of the decode rows "
-                   "(default 1024; --quick 128)")
+                   help="1 MiB chunks of the zlib+shuffle array of the decode rows (1024; --quick 128)")
     p.add_argument("--readers", default="1,8,32", help="concurrent readers for the 64 KiB files")
-    p.add_argument("--peers", default=",".join(PEERS), help=f"subset of {','.join(PEERS)}")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"subset of {','.join(WORKLOADS)}")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per measured pass "
-                   "(default 300; --quick 120)")
-    p.add_argument("--work", default=str(REPO / "bench-work" / "bench"), help="work directory")
-    p.add_argument("--refmount-opts", default="", help="extra refmount -o options, e.g. max_connections=64")
     p.add_argument("--fsspec-fuse-threads", action="store_true",
                    help="run fsspec.fuse with threads=True (default: its default, single-threaded)")
     p.add_argument("--profile", action="store_true",
@@ -1302,11 +1206,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--pyspy-mode", choices=["gil", "cpu", "both"], default="both",
                    help="gil: sample only the thread holding the GIL; cpu: all running threads; "
                    "both (default): one profiled session each")
-    p.add_argument("--quiet-wait", type=float, default=180.0,
-                   help="before each pass wait up to this many seconds for the machine to be idle "
-                   "(other work on it shows up in the numbers); 0: don't wait")
-    p.add_argument("--quiet-load", type=float, default=0.3,
-                   help="cores busy that still count as idle for --quiet-wait (default 0.3)")
     p.add_argument("--disturbed-load", type=float, default=0.25,
                    help="a pass during which other processes used more cores than this on average is "
                    "redone (default 0.25)")
@@ -1316,57 +1215,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--keep-cache", action="store_true", help="keep refmount cache dirs afterwards")
     p.add_argument("--prune-data", action="store_true",
                    help="delete served files of other sizes in the work dir")
-    p.add_argument("--json", default=None, help="also write the results as JSON to this file")
-    p.add_argument("--latency", default=None, help="ms before each response's first byte, e.g. 20 or "
-                   "0,20,50: runs the latency table of scripts/bench_latency.py (zarr 64K/1M/8M chunks and "
-                   "the whole file; refmount, fsspec in-process, fsspec.fuse, curl) instead")
-    p.add_argument("--bandwidth", default=None,
-                   help="with --latency: nginx limit_rate per response, e.g. 100m")
-    a = p.parse_args(argv)
-    if a.bandwidth is not None and a.latency is None:
-        p.error("--bandwidth goes with --latency")
+
+
+def configure(a: argparse.Namespace) -> None:
     a.size_bytes = parse_size(a.size or ("256M" if a.quick else "2G"))
-    a.files64k = a.files64k or (2000 if a.quick else 10000)
-    a.files1m = a.files1m or (256 if a.quick else 1024)
+    a.files64k = min(a.files64k or (2000 if a.quick else 10000), a.size_bytes // (64 * 1024))
+    a.files1m = min(a.files1m or (256 if a.quick else 1024), a.size_bytes // MiB)
     a.decode_chunks = a.decode_chunks or (128 if a.quick else 1024)
-    a.timeout = a.timeout or (120.0 if a.quick else 300.0)
-    a.files64k = min(a.files64k, a.size_bytes // (64 * 1024))
-    a.files1m = min(a.files1m, a.size_bytes // MiB)
+    a.reads_timeout = a.timeout or (120.0 if a.quick else 300.0)
     a.readers_list = [int(x) for x in a.readers.split(",") if x.strip()]
-    a.peers_list = [x.strip() for x in a.peers.split(",") if x.strip()]
-    a.workloads_list = [x.strip() for x in a.workloads.split(",") if x.strip()]
-    for x in a.peers_list:
-        if x not in PEERS:
-            p.error(f"unknown peer {x!r}")
-    for x in a.workloads_list:
-        if x not in WORKLOADS:
-            p.error(f"unknown workload {x!r}")
-    return a
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) >= 3 and argv[0] == "_child":
-        return bl.child_main(argv[1], argv[2])
-    args = parse_args(argv)
-    if args.latency is not None:
-        import bench_latency
-
-        more = ["--latencies", args.latency]
-        for flag, value in (("--bandwidth", args.bandwidth), ("--size", args.size),
-                            ("--refmount-opts", args.refmount_opts or None)):
-            if value is not None:
-                more += [flag, value]
-        return bench_latency.main(more)
-    bench = Bench(args)
-    command = shlex.join([PY, *sys.argv])
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
+def run(args: argparse.Namespace, workloads: list[str], peers: list[str], work: Path) -> list[Table]:
+    configure(args)
+    bench = Bench(args, workloads, peers, work)
     load0 = os.getloadavg()
-    cpu0 = bl.cpu_snapshot()
+    cpu0 = h.cpu_by_pid()
     interrupted = False
     try:
         bench.setup()
@@ -1376,16 +1240,10 @@ def main(argv: list[str]) -> int:
         bench.log("interrupted: cleaning up")
     finally:
         bench.cleanup()
-    cpu1 = bl.cpu_snapshot()
-    others = sorted(((c1 - cpu0[pid][1], name) for pid, (name, c1) in cpu1.items()
-                     if pid in cpu0 and pid != os.getpid() and c1 - cpu0[pid][1] >= 1.0), reverse=True)
-    total = time.time() - bench.t_start
-    out = [
-        "## refmount read-path benchmark" + (" (INTERRUPTED: partial)" if interrupted else ""),
-        "",
-        f"command: `{command}` (cwd {os.getcwd()}), {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, "
-        f"took {total / 60:.1f} min",
-        "",
+    cpu1 = h.cpu_by_pid()
+    others = sorted(((c1 - cpu0[pid][0], h.short_cmd(pid)) for pid, (c1, _) in cpu1.items()
+                     if pid in cpu0 and pid != os.getpid() and c1 - cpu0[pid][0] >= 1.0), reverse=True)
+    notes = [
         *bench.machine(),
         f"- load average at start {load0[0]:.2f} / {load0[1]:.2f} / {load0[2]:.2f}; "
         "other processes that used >= 1 CPU-second during the run: "
@@ -1394,8 +1252,6 @@ def main(argv: list[str]) -> int:
         f"(max {args.quiet_wait:g} s; {bench.quiet_waited:.0f} s waited in all); "
         f"{bench.n_busy} of {bench.n_passes} started on a busy machine anyway; {bench.n_disturbed} attempts "
         f"redone because other processes used > {args.disturbed_load:g} cores on average during them",
-        "",
-        bench.table(),
         "",
         "MB = 10^6 bytes, GB = 10^9 bytes. Bold: refmount misses the goal. '—': not applicable / not run. "
         "†: every attempt was disturbed by other processes on the machine or by the hypervisor "
@@ -1410,27 +1266,22 @@ def main(argv: list[str]) -> int:
         " in the disk-cache warm rows, the same bytes from the disk under the cache directory with the"
         " page cache dropped (dd of the served file; the 1 MiB refs as plain files, same reader);"
         " for zarr, zarr over a copy of the array's files in tmpfs (/dev/shm).",
-        "",
-        "### Details per measurement",
-        *bench.details,
     ]
+    details = ["### Read path: details per measurement", *bench.details]
     if bench.profiles:
-        out += ["", "## py-spy profiles of the refmount daemon (extra passes, not in the table)", "",
-                *bench.profiles.values()]
-    text = "\n".join(out)
-    print(text)
-    (bench.logs / "report.md").write_text(text + "\n")
-    if args.json:
-        Path(args.json).write_text(json.dumps({
-            "command": command,
-            "cells": {f"{r}|{p}": {"value": c.value, "note": c.note} for (r, p), c in bench.cells.items()},
-        }, indent=1))
-    leftovers = [m for m in (bench.mnt_root / "refmount", bench.mnt_root / "fsspec-fuse") if bl.mounted(m)]
+        details += ["", "### py-spy profiles of the refmount daemon (extra passes, not in the table)", "",
+                    *bench.profiles.values()]
+    table = bench.table()
+    table.notes = notes
+    table.details = details
+    table.data = {"cells": {f"{r}|{p}": {"value": c.value, "note": c.note}
+                            for (r, p), c in bench.cells.items()}}
+    if interrupted:
+        table.title += " (INTERRUPTED: partial)"
+    (bench.logs / "report.md").write_text(table.markdown() + "\n\n" + "\n".join(details) + "\n")
+    leftovers = [m for m in (bench.mnt_root / "refmount", bench.mnt_root / "fsspec-fuse") if h.mounted(m)]
     if leftovers:
-        print(f"WARNING: still mounted: {leftovers}", file=sys.stderr)
-        return 2
-    return 130 if interrupted else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+        bench.log(f"WARNING: still mounted: {leftovers}")
+    if interrupted:
+        raise KeyboardInterrupt
+    return [table]

@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""Bounded soak test of a refmount mount (issue 5, "Load").
+"""Bounded soak test of a refmount mount: many random readers for a fixed time.
 
 Serves a few hundred MiB of random data from a loopback HTTP server (Debian nginx, or the
 tests' fault server without faults), mounts a reference set of ~5,000 byte-range references of
@@ -13,8 +12,8 @@ Prints reads done, wrong bytes, unexpected errors, p50/p99 latency and the daemo
 start, after warm-up, at its peak and at the end. Exits 1 on any wrong byte, any error, a dead
 daemon, or RSS growth after warm-up beyond --max-rss-growth-mib; 0 otherwise.
 
-    .venv/bin/python scripts/soak.py                      # 64 readers, 120 s
-    .venv/bin/python scripts/soak.py --procs 8 --seconds 20 --data-mib 64
+    .venv/bin/python -m bench.diagnostics.soak                # 64 readers, 120 s
+    .venv/bin/python -m bench.diagnostics.soak --procs 8 --seconds 20 --data-mib 64
 """
 
 from __future__ import annotations
@@ -35,8 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+from bench import harness as h
+
+sys.path.insert(0, str(h.REPO / "tests"))
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -85,35 +85,9 @@ def make_refs(files: list[Path], base_url: str, n_keys: int, n_whole: int, seed:
     return refs, plan
 
 
-# --- the daemon ------------------------------------------------------------------------------------
-
-
-def daemon_pid(mnt: Path) -> int | None:
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if "refmount.daemon" in args and str(mnt) in args:
-            return int(pid)
-    return None
-
-
 def rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-def is_mounted(mnt: Path) -> bool:
-    with open("/proc/mounts") as f:
-        return any(line.split()[1] == str(mnt) for line in f if len(line.split()) > 1)
+    rss = h.proc_status(pid).get("VmRSS")
+    return None if rss is None else rss / MiB
 
 
 # --- readers ---------------------------------------------------------------------------------------
@@ -238,12 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.options:
             opts += "," + args.options
         cmd = [sys.executable, "-m", "refmount", str(src), str(mnt), "-o", opts]
-        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env = h.checkout_env()
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
         if r.returncode != 0:
             print(f"soak: refmount failed ({r.returncode}): {r.stderr.strip()}", file=sys.stderr)
             return 1
-        pid = daemon_pid(mnt)
+        pid = h.refmount_daemon_pid(mnt)
         if pid is None:
             print("soak: no daemon process found", file=sys.stderr)
             return 1
@@ -356,22 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         for p in procs:
             if p.is_alive():
                 p.kill()
-        if is_mounted(mnt):
-            subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
-            if is_mounted(mnt):
-                time.sleep(1)
-                subprocess.run(["fusermount3", "-uz", str(mnt)], capture_output=True)
-        if pid is not None:
-            for _ in range(150):
-                if not Path(f"/proc/{pid}").exists():
-                    break
-                time.sleep(0.1)
-            else:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
+        h.fuse_unmount(mnt, [pid] if pid is not None else [], print)
         if server is not None:
             server.stop()
-        if not args.keep and not is_mounted(mnt):
+        if not args.keep and not h.mounted(mnt):
             shutil.rmtree(work, ignore_errors=True)
         elif args.keep:
             print(f"soak: kept {work}")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What a mount had in flight over time, from its debug log (``-o log=FILE,log_level=debug``).
 
 The daemon logs, at debug level, each request to a target (``request URL bytes A-B: N
@@ -12,7 +11,7 @@ requests by size, time spent in each kind of operation, and the share of the run
 request in flight.
 
 Usage:
-    .venv/bin/python scripts/inflight.py refmount.log [--slice 0.01] [--rows 60]
+    .venv/bin/python -m bench.diagnostics.inflight refmount.log [--slice 0.01] [--rows 60]
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""refmount's benchmarks and diagnostics (``python -m bench``); not part of the package."""
