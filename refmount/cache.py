@@ -63,7 +63,7 @@ def aligned_buffer(size: int, align: int = 4096) -> memoryview:
     copy out of a reused buffer) is a pass over the whole block that a disk hit need not
     make. It is a plain ``malloc`` of ``size + align`` used from its first aligned byte:
     ``posix_memalign`` leaves a small free fragment before every block, and under a mixed
-    load those fragments kept the heap from ever coalescing (RSS doubled in scripts/soak.py)."""
+    load those fragments kept the heap from ever coalescing (RSS doubled in bench/diagnostics/soak.py)."""
     if _ALLOCATOR is not None:
         malloc, free = _ALLOCATOR
         ptr = malloc(size + align)

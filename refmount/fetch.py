@@ -714,7 +714,7 @@ class Fetcher:
         self.stats.requests += 1
         self.stats.bytes_fetched += len(data)
         self.links.of(url).observe(len(data), trio.current_time() - began)
-        if log.isEnabledFor(logging.DEBUG):  # scripts/inflight.py draws the timeline from these
+        if log.isEnabledFor(logging.DEBUG):  # bench/diagnostics/inflight.py draws the timeline from these
             log.debug("request %s bytes %d-%d: %d bytes, began %.6f, took %.6f s",
                       redact_url(url), start, end, len(data), began, trio.current_time() - began)
         return data

@@ -187,7 +187,7 @@ class RefFS(pyfuse3.Operations):
             return miss
         attr = await self._node_attr(node)
         attr.st_ino = self.inodes.reply(node.ino)  # the kernel holds one more reference
-        if log.isEnabledFor(logging.DEBUG):  # scripts/inflight.py
+        if log.isEnabledFor(logging.DEBUG):  # bench/diagnostics/inflight.py
             log.debug("lookup ino %d: began %.6f, took %.6f s", node.ino, began, trio.current_time() - began)
         return attr
 
@@ -278,7 +278,7 @@ class RefFS(pyfuse3.Operations):
         self._opened[inode] = others + 1
         if data is not None and self.pusher is not None:
             self.pusher.push(inode, data)
-        if log.isEnabledFor(logging.DEBUG):  # scripts/inflight.py draws the timeline from these
+        if log.isEnabledFor(logging.DEBUG):  # bench/diagnostics/inflight.py draws the timeline from these
             log.debug("open ino %d: pushed %d bytes, began %.6f, took %.6f s", inode,
                       0 if data is None else len(data), began, trio.current_time() - began)
         # The bytes never change: let the kernel keep its page cache across opens.
@@ -386,7 +386,7 @@ class RefFS(pyfuse3.Operations):
             await trio.to_thread.run_sync(pyfuse3.invalidate_inode, ino, False)
 
     async def release(self, fh: int) -> None:
-        if log.isEnabledFor(logging.DEBUG):  # scripts/inflight.py
+        if log.isEnabledFor(logging.DEBUG):  # bench/diagnostics/inflight.py
             log.debug("release fh %d: began %.6f, took 0 s", fh, trio.current_time())
         h = self._handles.pop(fh, None)
         if h is not None:

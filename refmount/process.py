@@ -32,7 +32,7 @@ def tune_malloc() -> Callable[[int], int] | None:
     (fsspec's IO loop, trio workers, the FUSE loop).
 
     * Arenas are capped: with glibc's default (8 per core) such buffers fragment per-thread
-      arenas and RSS creeps up by hundreds of MiB under a long load (scripts/soak.py).
+      arenas and RSS creeps up by hundreds of MiB under a long load (bench/diagnostics/soak.py).
     * Buffers up to 32 MiB come from the heap and freed memory is kept (up to 128 MiB):
       glibc's default of mmap-ing every large buffer and unmapping it on free made each
       block cost a fresh mapping whose pages fault in one by one, and on a virtual machine

@@ -130,7 +130,7 @@ class RefReader:
             # Grid blocks from disk only for a key not cached by itself, and only while
             # keys come in target order (or for keys of a quarter block or more):
             # loading a whole block for one small key read at random is many times the
-            # disk traffic of the key (scripts/soak.py: a third fewer reads per second).
+            # disk traffic of the key (bench/diagnostics/soak.py: a third fewer reads per second).
             if not store.may_be_on_disk(key):
                 piece = await self.grid.read(
                     url, start, start + total, from_disk=in_order or 4 * total >= self.block_size
