@@ -12,11 +12,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench import inline, latency, parse, reads, scale, serve
+from bench import catalog, inline, latency, parse, reads, scale, serve, verify
 from bench.harness import PY, REPO
 from bench.report import Table, write_json
 
-MODULES: list[ModuleType] = [reads, latency, scale, inline, parse, serve]
+MODULES: list[ModuleType] = [reads, latency, scale, inline, parse, serve, catalog, verify]
 GROUPS = {"reads": list(reads.WORKLOADS)}  # the read-path table: bench run --workloads reads
 
 
@@ -40,6 +40,8 @@ def parser() -> argparse.ArgumentParser:
                    "latency: 1G, --quick 128M)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per measured pass "
                    "(reads: 300, --quick 120; latency: 180; inline: each fsspec run, 300)")
+    p.add_argument("--repeat", type=int, default=1, help="runs per cell, the median shown (latency: cold "
+                   "passes; verify: runs of each peer)")
     p.add_argument("--refmount-opts", default="", help="more refmount -o options, e.g. max_connections=64")
     p.add_argument("--quiet-wait", type=float, default=180.0,
                    help="before each cold pass wait up to this many seconds for the machine to be idle "

@@ -47,7 +47,6 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--bandwidth", default=None, help="nginx limit_rate per response, e.g. 100m")
     p.add_argument("--chunks", default=None, help="zarr arrays: chunk size[:number of chunks] "
                    "(default 64k:4096,1m:1024,8m:128; --quick 64k:512,1m:128,8m:16)")
-    p.add_argument("--repeat", type=int, default=1, help="cold passes per cell (median shown)")
 
 
 def human(n: int) -> str:

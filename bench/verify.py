@@ -1,87 +1,35 @@
-#!/usr/bin/env python3
-"""How long ``refmount verify`` takes for a set of many distinct targets behind a slow store.
+"""The ``verify`` workload: how long ``refmount verify`` takes for a set of many distinct
+targets behind a slow store.
 
-``--targets`` small files (1 KiB, two keys each) are served by nginx on 127.0.0.1 (a free
-port, a configuration of its own in a temporary directory), every response held back
-``--latency`` ms before its first byte by Debian's echo module (``echo_sleep``: a timer, no
-worker busy). A Version 0 set names them all; ``refmount verify SOURCE --pin FILE`` runs as a
-user runs it (a fresh process each time), ``--repeat`` times; the median wall time is printed
-with the targets per second, and the run is checked (exit status 0, every target pinned).
-
-Usage:
-    .venv/bin/python bench/verify.py                         # 10,000 targets, 20 ms, 32 jobs
-    .venv/bin/python bench/verify.py --targets 2000 --latency 50 --jobs 64 --repeat 3
+``--verify-targets`` small files (1 KiB, two keys each) are served by nginx whose every
+response is held back ``--verify-latency`` ms before its first byte (the harness's nginx with
+added latency). A Version 0 set names them all. Peers: refmount (``refmount verify SOURCE
+--pin FILE --jobs N -o no_disk_cache``, a fresh process each time, as a user runs it; checked:
+exit status 0, every target pinned; ``--refmount-opts max_connections=64`` for more
+connections per host) and aiohttp (plain ``HEAD``s of every target, ``--jobs`` at a time, in
+this process: the client's own cost on this machine). Each row: the median wall time of
+``--repeat`` runs and the targets per second.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import grp
 import json
-import os
-import pwd
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-NGINX = "/usr/sbin/nginx"
-CONF = """\
-load_module /usr/lib/nginx/modules/ngx_http_echo_module.so;
-user {user} {group};
-worker_processes 1;
-pid {run}/nginx.pid;
-error_log {run}/error.log warn;
-events {{ worker_connections 4096; }}
-http {{
-    default_type application/octet-stream;
-    access_log off;
-    client_body_temp_path {run}/client_body;
-    proxy_temp_path {run}/proxy;
-    fastcgi_temp_path {run}/fastcgi;
-    uwsgi_temp_path {run}/uwsgi;
-    scgi_temp_path {run}/scgi;
-    keepalive_timeout 120;
-    keepalive_requests 1000000;
-    server {{
-        listen 127.0.0.1:{port} backlog=4096;
-        root {root};
-        location ~ ^/(?<name>[^/].*)$ {{ echo_sleep {latency}; echo_exec /_delayed/$name; }}
-        location ^~ /_delayed/ {{ internal; alias {root}/; }}
-    }}
-}}
-"""
+from bench import harness as h
+from bench.report import Table
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_nginx(root: Path, run: Path, latency_ms: float) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    conf = run / "nginx.conf"
-    conf.write_text(CONF.format(user=pwd.getpwuid(os.geteuid()).pw_name,
-                                group=grp.getgrgid(os.getegid()).gr_name, run=run, port=port,
-                                root=root, latency=f"{latency_ms / 1000:.3f}"))
-    proc = subprocess.Popen([NGINX, "-c", str(conf), "-p", str(run), "-e", str(run / "error.log"),
-                             "-g", "daemon off;"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and proc.poll() is None:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return proc, port
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"nginx did not start: {(run / 'error.log').read_text(errors='replace')[-500:]}")
+WORKLOADS = {"verify": "refmount verify of 10,000 targets of 1 KiB behind 20 ms latency; plain aiohttp HEADs"}
+PEERS = ("refmount", "aiohttp")
+TITLES = {"refmount": "refmount verify", "aiohttp": "plain aiohttp HEADs"}
 
 
 async def heads(urls: list[str], jobs: int) -> None:
@@ -96,69 +44,70 @@ async def heads(urls: list[str], jobs: int) -> None:
         await asyncio.gather(*(one(u) for u in urls))
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--targets", type=int, default=10_000, help="distinct targets (default 10000)")
-    p.add_argument("--latency", type=float, default=20.0, help="ms before each response (default 20)")
-    p.add_argument("--jobs", type=int, default=32, help="refmount verify --jobs (default 32)")
-    p.add_argument("--max-connections", type=int, default=32,
-                   help="-o max_connections, per host (default 32)")
-    p.add_argument("--repeat", type=int, default=1, help="runs; the median is shown (default 1)")
-    p.add_argument("--baseline", action="store_true",
-                   help="also time plain aiohttp HEADs of every target, --jobs at a time, in "
-                   "this process: the client's own cost on this machine, for comparison")
-    args = p.parse_args()
+def timed_heads(urls: list[str], jobs: int) -> float:
+    t0 = time.monotonic()
+    asyncio.run(heads(urls, jobs))
+    return time.monotonic() - t0
 
-    base = Path(tempfile.mkdtemp(prefix="refmount-bench-verify-"))
-    proc = None
+
+def verify_once(source: Path, pins: Path, n: int, jobs: int, opts: list[str], timeout: float) -> float:
+    t0 = time.monotonic()
+    cmd = [h.PY, "-m", "refmount", "verify", str(source), "--pin", str(pins), "--jobs", str(jobs),
+           "-o", ",".join(opts)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=h.checkout_env(), timeout=timeout)
+    elapsed = time.monotonic() - t0
+    if r.returncode != 0:
+        print(r.stdout[-2000:], r.stderr[-2000:], file=sys.stderr)
+        raise h.Failed(f"exit {r.returncode}")
+    pinned = json.loads(pins.read_text())["targets"]
+    if len(pinned) != n:
+        raise h.Failed(f"{len(pinned)} of {n} pinned")
+    return elapsed
+
+
+def add_arguments(p: Any) -> None:
+    p.add_argument("--verify-targets", type=int, default=None, help="distinct targets (10000; --quick 500)")
+    p.add_argument("--verify-latency", type=float, default=20.0, help="ms before each response (default 20)")
+    p.add_argument("--jobs", type=int, default=32, help="verify --jobs; aiohttp HEADs at a time (32)")
+
+
+def run(args: argparse.Namespace, workloads: list[str], peers: list[str], work: Path) -> list[Table]:
+    n = args.verify_targets or (500 if args.quick else 10_000)
+    timeout = args.timeout or 600.0
+    opts = ["no_disk_cache", *filter(None, [args.refmount_opts])]
+    t = Table("verify", f"checking targets: {n:,} of 1 KiB behind {args.verify_latency:g} ms latency, "
+              f"--jobs {args.jobs} (seconds, median of {args.repeat})",
+              ["peer", "seconds", "targets/s", "runs (s)"], notes=[f"refmount -o {','.join(opts)}"])
+    shutil.rmtree(work, ignore_errors=True)
+    root = work / "served"
+    root.mkdir(parents=True)
+    payload = (bytes(range(256)) * 4)[:1024]
+    for i in range(n):
+        (root / f"t{i}.bin").write_bytes(payload)
+    nginx = h.Nginx(root, work / "nginx", workers=1, latency_ms=args.verify_latency)
+    nginx.start()
     try:
-        root, run = base / "served", base / "run"
-        root.mkdir()
-        run.mkdir()
-        payload = os.urandom(1024)
-        refs: dict[str, object] = {".zgroup": '{"zarr_format": 2}'}
-        proc, port = start_nginx(root, run, args.latency)
-        for i in range(args.targets):
-            (root / f"t{i}.bin").write_bytes(payload)
-            url = f"http://127.0.0.1:{port}/t{i}.bin"
+        urls = [nginx.url(f"t{i}.bin") for i in range(n)]
+        refs: dict[str, Any] = {".zgroup": '{"zarr_format": 2}'}
+        for i, url in enumerate(urls):
             refs[f"k/{i}.0"] = [url, 0, 512]
             refs[f"k/{i}.1"] = [url, 512, 512]
-        source = base / "refs.json"
+        source = work / "refs.json"
         source.write_text(json.dumps(refs))
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        times = []
-        for _ in range(args.repeat):
-            pins = base / "pins.json"
-            t0 = time.monotonic()
-            r = subprocess.run([sys.executable, "-m", "refmount", "verify", str(source), "--pin",
-                                str(pins), "--jobs", str(args.jobs), "-o",
-                                f"max_connections={args.max_connections},no_disk_cache"],
-                               capture_output=True, text=True, env=env)
-            times.append(time.monotonic() - t0)
-            if r.returncode != 0:
-                print(r.stdout[-2000:], r.stderr[-2000:], file=sys.stderr)
-                return 1
-            pinned = json.loads(pins.read_text())["targets"]
-            assert len(pinned) == args.targets, len(pinned)
-        if args.baseline:
-            t0 = time.monotonic()
-            asyncio.run(heads([f"http://127.0.0.1:{port}/t{i}.bin" for i in range(args.targets)],
-                              args.jobs))
-            print(f"plain aiohttp HEADs: {args.targets:,} targets, {args.jobs} at a time: "
-                  f"{time.monotonic() - t0:.2f} s")
-        median = statistics.median(times)
-        print(f"refmount verify: {args.targets:,} targets, {args.latency:g} ms latency, "
-              f"--jobs {args.jobs}, max_connections={args.max_connections}: "
-              f"{median:.2f} s (median of {len(times)}; {args.targets / median:,.0f} targets/s; "
-              f"runs {', '.join(f'{t:.2f}' for t in times)} s)")
-        return 0
+        runs = {"refmount": lambda: verify_once(source, work / "pins.json", n, args.jobs, opts, timeout),
+                "aiohttp": lambda: timed_heads(urls, args.jobs)}
+        for peer in peers:
+            h.wait_idle(args.quiet_wait, args.quiet_load)
+            try:
+                times = [runs[peer]() for _ in range(args.repeat)]
+            except Exception as e:  # a failed run is a cell of the table
+                t.rows.append([TITLES[peer], f"failed: {e}", "—", "—"])
+                continue
+            median = statistics.median(times)
+            t.rows.append([TITLES[peer], f"{median:.2f}", f"{n / median:,.0f}",
+                           ", ".join(f"{x:.2f}" for x in times)])
+            t.data[peer] = times
     finally:
-        if proc is not None:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
-        shutil.rmtree(base, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        nginx.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return [t]
