@@ -39,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--size", default=None, help="bytes of the served file (reads: 2G, --quick 256M; "
                    "latency: 1G, --quick 128M)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per measured pass "
-                   "(reads: 300, --quick 120; latency: 180; inline: each fsspec run, 300)")
+                   "(reads: 300, --quick 120; latency: 180; inline: each fsspec run, 300; "
+                   "catalog: each mount, 1800; verify: each refmount verify, 600)")
     p.add_argument("--repeat", type=int, default=1, help="runs per cell, the median shown (latency: cold "
                    "passes; verify: runs of each peer)")
     p.add_argument("--refmount-opts", default="", help="more refmount -o options, e.g. max_connections=64")

@@ -182,6 +182,8 @@ def add_arguments(p: Any) -> None:
 
 
 def run(args: argparse.Namespace, workloads: list[str], peers: list[str], work: Path) -> list[Table]:
+    if not peers:
+        return []
     shutil.rmtree(work, ignore_errors=True)
     out: dict[str, Any] = {}
     try:
