@@ -1,4 +1,4 @@
-"""Running refmount the way admins and data users expect (issue 6):
+"""Running refmount the way admins and data users expect:
 
 - ``mount -t fuse.refmount`` through mount.fuse3, and an /etc/fstab line + ``mount MNT``, for real;
 - options visible from outside: uid/gid/umask in stat, fsname/subtype in /proc/mounts, where the

@@ -1,4 +1,4 @@
-"""Confinement (issue 5): reference sets are untrusted.
+"""Confinement: reference sets are untrusted.
 
 * A private mount (no allow_other/allow_root) may read any local file: only its owner can use
   it, so nothing is gained. A SHARED mount may read local targets only under ``allow_local``

@@ -1,4 +1,4 @@
-"""Faults (issue 5): a real HTTP server that misbehaves on purpose (faultserver.py), a damaged
+"""Faults: a real HTTP server that misbehaves on purpose (faultserver.py), a damaged
 or full disk cache, signals and killed daemons — through real mounts.
 
 Every test checks what the reader gets (right bytes, or EIO — never wrong bytes), what the

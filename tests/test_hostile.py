@@ -1,4 +1,4 @@
-"""Hostile input (issue 5): reference sets that are malformed, try to escape or break the tree,
+"""Hostile input: reference sets that are malformed, try to escape or break the tree,
 attack the jinja sandbox, name unknown protocols, or carry broken Parquet record files.
 
 The contract for a bad set (``mount_fails``): exit non-zero, exactly one ``refmount: error:``

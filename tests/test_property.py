@@ -1,4 +1,4 @@
-"""Property-based (issue 5): random small reference sets — inline text, ``base64:``, JSON
+"""Property-based: random small reference sets — inline text, ``base64:``, JSON
 objects, byte ranges and whole local files, under random valid keys, as Version 0 or Version 1
 (with a template) — mount, and ``find``, ``stat`` and ``cat`` agree with the set exactly; the
 daemon never dies and logs no unexpected exception.

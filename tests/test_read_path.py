@@ -1,4 +1,4 @@
-"""The read path of issue 4 under real mounts: merging of neighbouring ranges, the disk-cache
+"""The read path under real mounts: merging of neighbouring ranges, the disk-cache
 writer process, and zero-copy replies that span blocks. (Throughput is measured by
 python -m bench, never asserted here.)"""
 

@@ -1,4 +1,4 @@
-"""systemd integration (issue 6):
+"""systemd integration:
 
 - the notify protocol against a real ``NOTIFY_SOCKET`` datagram socket opened here: READY=1 only
   once the mount answers (the mountpoint is stat'ed the moment READY arrives), from the main
