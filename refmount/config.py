@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
+from .optionfile import read_option_text
 from .urls import is_local, local_path
 
 DECODE_MAX_CHUNK_BYTES = 256 * 2**20  # max_chunk_bytes: the largest chunk -o decode decodes
@@ -88,11 +89,7 @@ def parse_size(text: str, name: str = "") -> int:
 
 def _json_option(name: str, value: str) -> dict[str, Any]:
     if value.startswith("@"):
-        try:
-            with open(value[1:], encoding="utf-8") as f:
-                value = f.read()
-        except OSError as e:
-            raise ConfigError(f"{name}: cannot read {value[1:]}: {e.strerror}") from None
+        value = read_option_text(value[1:], name)
     try:
         obj = json.loads(value)
     except json.JSONDecodeError as e:
@@ -383,12 +380,7 @@ class TokenFile:
 
 def read_token(path: str, name: str = "auth_token") -> str:
     """The token in ``path`` (surrounding white space stripped); ConfigError if unusable."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read(4097).strip()
-    except (OSError, UnicodeDecodeError) as e:
-        why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
-        raise ConfigError(f"{name}: cannot read {path}: {why}") from None
+    token = read_option_text(path, name, limit=8192).strip()
     if not token or len(token) > 4096 or any(c.isspace() or not c.isprintable() for c in token):
         raise ConfigError(f"{name}: {path} must hold one token of 1 to 4096 printable "
                           "characters without spaces")

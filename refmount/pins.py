@@ -36,6 +36,7 @@ from typing import Any
 
 from .errors import ConfigError, FetchError
 from .lru import LRU
+from .optionfile import read_option_bytes
 from .redact import redact_url
 
 log = logging.getLogger(__name__)
@@ -158,14 +159,7 @@ def parse_pins(text: str | bytes, where: str) -> dict[str, Version]:
 
 def read_pins(path: str) -> dict[str, Version]:
     """The pins in the file ``path``; ConfigError (one line) if it cannot be read or parsed."""
-    try:
-        with open(path, "rb") as f:
-            text = f.read(MAX_PIN_FILE + 1)
-    except OSError as e:
-        raise ConfigError(f"pins: cannot read {path}: {e.strerror}") from None
-    if len(text) > MAX_PIN_FILE:
-        raise ConfigError(f"pins: {path} is larger than {MAX_PIN_FILE >> 20} MiB")
-    return parse_pins(text, path)
+    return parse_pins(read_option_bytes(path, "pins", MAX_PIN_FILE), path)
 
 
 def write_pins(path: str, versions: Iterable[tuple[str, Version]], source: str) -> int:

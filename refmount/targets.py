@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
+from .optionfile import read_option_text
 from .redact import redact_url
 from .urls import is_local, local_path
 
@@ -231,18 +232,7 @@ def load_rules(text: str, name: str = "targets") -> list[dict[str, Any]]:
     ``MAX_RULES_FILE`` bytes), checked; returned in JSON form (what the configuration keeps).
     Never echoes the text: rule options may hold credentials."""
     if text.startswith("@"):
-        path = text[1:]
-        try:
-            with open(path, "rb") as f:
-                data = f.read(MAX_RULES_FILE + 1)
-        except OSError as e:
-            raise ConfigError(f"{name}: cannot read {path}: {e.strerror}") from None
-        if len(data) > MAX_RULES_FILE:
-            raise ConfigError(f"{name}: {path} is larger than {MAX_RULES_FILE} bytes")
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ConfigError(f"{name}: {path} is not UTF-8 text") from None
+        text = read_option_text(text[1:], name, MAX_RULES_FILE)
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:

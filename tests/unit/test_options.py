@@ -169,3 +169,31 @@ def test_serve_options_listen_and_token_file(tmp_path: Path) -> None:
     token.write_text("two words")
     with pytest.raises(ConfigError, match="one token"):
         apply_options(cfg, [f"auth_token=@{token}"])
+
+
+@pytest.mark.parametrize("option", ["remote_options", "target_options", "targets", "pins",
+                                    "auth_token"])
+def test_option_files_are_read_within_a_bound(tmp_path, option):
+    """Every option's @FILE is read within a bound (``/dev/zero`` never fills memory) and a
+    file that is not UTF-8 text is one line naming the option, never its content."""
+    from refmount.optionfile import MAX_OPTION_FILE
+    from refmount.pins import read_pins
+
+    def load(path) -> None:
+        if option == "pins":  # read when the set is prepared (and by verify)
+            read_pins(str(path))
+        else:
+            apply_options(MountConfig(source="refs.json", mountpoint="/mnt"), [f"{option}=@{path}"])
+
+    with pytest.raises(ConfigError, match=f"^{option}: /dev/zero is larger than"):
+        load("/dev/zero")
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (MAX_OPTION_FILE + 1) + b"{}")
+    if option in ("remote_options", "target_options"):
+        with pytest.raises(ConfigError, match="is larger than 1 MiB"):
+            load(big)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"\xff\xfeSECRET")
+    with pytest.raises(ConfigError, match=f"^{option}: .* is not (valid JSON|UTF-8 text)") as e:
+        load(secret)
+    assert "SECRET" not in str(e.value)
