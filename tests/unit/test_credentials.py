@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import shlex
 import sys
 import textwrap
 import time
@@ -26,6 +25,7 @@ from refmount.credentials import (
     merge_options,
     parse_output,
     run_command,
+    shown_command,
 )
 from refmount.errors import ConfigError, FetchError, ReadError
 from refmount.tools import format_stats
@@ -138,9 +138,15 @@ def test_a_failing_command_says_its_status_and_the_redacted_end_of_stderr(tmp_pa
     """)
     with pytest.raises(Exception) as info:
         trio.run(run_command, argv)
-    assert str(info.value) == f"{shlex.join(argv)} failed (exit status 3)"
+    assert str(info.value) == f"{shown_command(argv)} failed (exit status 3)"
     detail = info.value.detail  # type: ignore[attr-defined]
     assert detail == "login failed: token=*** refused"
+
+
+def test_a_command_is_named_whole_when_short_and_cut_at_100_characters_when_long() -> None:
+    assert shown_command(["/usr/bin/cred", "--profile", "a b"]) == "/usr/bin/cred --profile 'a b'"
+    long = shown_command(["/opt/" + "x" * 120, "--flag"])
+    assert long == "/opt/" + "x" * 95 + "…"
 
 
 def test_a_hanging_command_and_its_children_are_killed_at_the_timeout(tmp_path: Path) -> None:
