@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from .api import mounted, served, unmount
 from .errors import MountError
 
-try:
-    __version__ = version("refmount")
-except PackageNotFoundError:  # running from a source tree without installation
-    __version__ = "0.0.0+unknown"
+
+def __getattr__(name: str) -> Any:
+    """``__version__``, looked up when asked for: reading the installed metadata costs tens
+    of milliseconds that every daemon and CLI start would otherwise pay."""
+    if name != "__version__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("refmount")
+    except PackageNotFoundError:  # running from a source tree without installation
+        return "0.0.0+unknown"
 
 __all__ = ["MountError", "__version__", "mounted", "served", "unmount"]

@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import stat
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -76,6 +77,7 @@ STAC_PARQUET_TYPES = frozenset({"application/x-parquet", "application/vnd.apache
 MAX_NAME_BYTES = 255
 ZARR_KEYS = (".zgroup", ".zattrs", ".zarray", ".zmetadata")  # a reference set's, not a catalogue's
 MAX_NESTING = 64  # of a YAML list file (a JSON one is orjson's: 1024)
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 class CatalogError(ValueError):
@@ -103,7 +105,7 @@ def name_problem(name: object) -> str | None:
         return f"{name!r} is not a name"
     if "/" in name:
         return "contains '/'"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+    if _CONTROL.search(name):
         return "contains a control character"
     try:
         size = len(name.encode("utf-8"))
@@ -390,6 +392,8 @@ class _Reader:
 def json_set_name(base: str) -> str | None:
     """The set name of a file named ``base`` in a catalogue directory, or None when it is not
     a JSON reference set (``a.json`` -> ``a``; ``a.json.gz`` -> ``a``)."""
+    if base[-5:].lower() == ".json":  # the common case, without asking fsspec
+        return base[:-5] if len(base) > 5 else None
     compression = _compression_suffix(base)
     stem = base[: -len(compression) - 1] if compression else base
     if stem.lower().endswith(".json") and len(stem) > len(".json"):

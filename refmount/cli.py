@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable, MutableMapping
 from types import ModuleType
 
-from . import __version__
+import refmount
+
 from .cachedir import check_cache_dir
 from .cmdline import ENV_OPTIONS, ENV_SOURCE, hide_credentials, take_configuration
 from .config import MountConfig, apply_options, did_you_mean, options_help, split_options
@@ -78,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="stay in the foreground (log to stderr unless log= says otherwise)")
     p.add_argument("-d", "--debug", action="store_true",
                    help="foreground with debug logging (implies -f)")
-    p.add_argument("--version", action="version", version=f"refmount {__version__}")
+    p.add_argument("--version", action="version", version=f"refmount {refmount.__version__}")
     return p
 
 

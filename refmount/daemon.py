@@ -15,29 +15,33 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pyfuse3
 import trio
 
 from . import guestloop, process
-from .cache import DiskCache
-from .cachewriter import CacheWriter
 from .catalogfs import CatalogFS
 from .config import MountConfig, describe_options
-from .core import SetCore, build_core
-from .decoder import ChunkDecoder
 from .errors import MountError
-from .fetch import Fetcher
 from .fs import RefFS
 from .mountfailure import captured_stderr, explain
 from .mountpoint import check_mountpoint
 from .pagepush import PagePusher
-from .reader import RefReader
 from .readiness import run_detached, sd_notify
 from .redact import redact_url
 from .refs import IndexFile
 from .setmount import SetMount, build_sets, serves_sets
-from .stats import Stats
+
+if TYPE_CHECKING:  # a set's core (the read path: fsspec's HTTP, numpy, pyarrow) is imported
+    # when one is built, so that a catalogue mounts before any of it is loaded
+    from .cache import DiskCache
+    from .cachewriter import CacheWriter
+    from .core import SetCore
+    from .decoder import ChunkDecoder
+    from .fetch import Fetcher
+    from .reader import RefReader
+    from .stats import Stats
 
 log = logging.getLogger("refmount")
 
@@ -125,6 +129,8 @@ class Mount:
 
 def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> Mount:
     """The core of ``index_file`` and the FUSE operations over it, not yet running."""
+    from .core import build_core
+
     core = build_core(cfg, index_file)
     fs = RefFS(
         core.tree,

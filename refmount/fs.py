@@ -16,22 +16,23 @@ import os
 import stat
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyfuse3
 import trio
 
-from .codecplan import DecodedArray
-from .decodedview import DecodedTree
-from .decoder import ChunkDecoder
 from .errors import ReadError
 from .inodes import SameInodes, VersionInodes
-from .pagepush import PagePusher
-from .reader import ReadState, RefReader
 from .redact import redact_url
 from .refs import Ref, RefKind
-from .stats import Stats
 from .tree import Node, Tree
+
+if TYPE_CHECKING:  # the read path is imported by whoever builds one (core.py), not here
+    from .codecplan import DecodedArray
+    from .decoder import ChunkDecoder
+    from .pagepush import PagePusher
+    from .reader import ReadState, RefReader
+    from .stats import Stats
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +72,11 @@ def _erofs(name: str) -> Callable[..., Awaitable[Any]]:
 class _Handle:
     __slots__ = ("array", "key", "node", "ref", "state")
 
-    def __init__(self, node: Node, ref: Ref, array: DecodedArray | None = None, key: str = "") -> None:
+    def __init__(self, node: Node, ref: Ref, state: ReadState, array: DecodedArray | None = None,
+                 key: str = "") -> None:
         self.node = node
         self.ref = ref
-        self.state = ReadState()
+        self.state = state
         self.array = array  # a chunk served decoded (-o decode): read through the decoder
         self.key = key
 
@@ -101,6 +103,12 @@ class RefFS(pyfuse3.Operations):
         inodes: VersionInodes | None = None,
     ) -> None:
         super().__init__()
+        from .decodedview import DecodedTree
+        from .reader import ReadState
+
+        self._read_state = ReadState
+        # a decoded view's chunks are opened as arrays (-o decode), other trees have none
+        self._arrays = tree if isinstance(tree, DecodedTree) else None
         # the kernel's inode numbers <-> the tree's (different when a mount serves several
         # sets or versions: inodes.py)
         self.inodes: VersionInodes | SameInodes = inodes or SameInodes()
@@ -251,7 +259,7 @@ class RefFS(pyfuse3.Operations):
         self._next_fh += 1
         began = trio.current_time()
         ref = await self.tree.ref(node)
-        array = self.tree.array(node) if isinstance(self.tree, DecodedTree) else None
+        array = self._arrays.array(node) if self._arrays is not None else None
         key = self.tree.path(node).decode("utf-8", "surrogateescape") if array is not None else ""
         if array is None and ref.kind is RefKind.WHOLE:
             await self.reader.size(ref)  # a target whose size cannot be found is not opened
@@ -272,7 +280,7 @@ class RefFS(pyfuse3.Operations):
         # (bytes read ahead in full already settle it).
         if array is None and ref.kind is RefKind.RANGE and data is None:
             await self._settle(node, ref, inode)
-        self._handles[fh] = _Handle(node, ref, array, key)
+        self._handles[fh] = _Handle(node, ref, self._read_state(), array, key)
         self.stats.opens += 1
         self.stats.open_files += 1
         self._opened[inode] = others + 1

@@ -32,7 +32,6 @@ from .config import MountConfig
 from .errors import ConfigError, MountError
 from .logsetup import stderr_warnings
 from .policy import TargetRefused
-from .preparation import advise_on_decoding, check_index_targets, index_source, remove_temporary
 from .process import ignore_user_signals
 from .refs import IndexFile, ReferenceSetError
 from .spawn import child_env, module_command
@@ -96,6 +95,8 @@ def _die_with_parent() -> None:
 
 
 def _index(payload: dict[str, Any]) -> IndexFile:
+    from .preparation import advise_on_decoding, check_index_targets, index_source, remove_temporary
+
     cfg = MountConfig(**payload)
     index_file = index_source(cfg)
     try:

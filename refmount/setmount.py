@@ -6,6 +6,7 @@ checks (``reload.py``) and the lifecycle the serving processes drive (``bind_loo
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,7 +110,10 @@ class SetMount:
         nursery.start_soon(watch_signals, self.reloader)
 
     async def warm(self) -> None:
-        pass
+        """Once serving: load the read path's modules (fsspec's HTTP, numpy, pyarrow: a few
+        tenths of a second) in a worker thread, so that the mount answered without waiting
+        for them and the first set opened does not wait for them either."""
+        await trio.to_thread.run_sync(importlib.import_module, "refmount.core")
 
     async def aclose(self) -> None:
         pass  # each version's sessions are closed as it closes (Sets)
@@ -121,8 +125,6 @@ class SetMount:
 def build_sets(cfg: MountConfig, index_file: IndexFile) -> SetMount:
     """The sets of ``cfg``, nothing opened yet; for a single set, ``index_file`` (indexed
     by the CLI or the indexer) becomes its first version when it is first used."""
-    from .core import build_core
-
     identify = _identify(cfg)
     reload_every = float(getattr(cfg, "reload", 0) or 0) or None
     initial: dict[str, Opened] = {}
@@ -136,6 +138,8 @@ def build_sets(cfg: MountConfig, index_file: IndexFile) -> SetMount:
         read_again: Callable[[], dict[str, Any]] | None = lambda: _read_catalog(cfg)  # noqa: E731
         info = {"source": redact_url(cfg.source), "format": "catalog", "sets": str(len(entries))}
     else:
+        from .core import build_core
+
         entry = _OneSet("", cfg.source)
         entries = {"": entry}
         read_again = None

@@ -9,17 +9,20 @@ here implementing :class:`Format` plus its line in ``FORMATS``.
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..urls import is_local
 from .deadline import within
-from .format import Format, IndexFile, OpenedTree
-from .index import KeyIndex
-from .jsonrefs import JsonFormat, build_index
-from .limits import DEFAULT_LIMITS, Limits
-from .model import Ref, ReferenceSetError, RefKind
-from .parquet import ParquetFormat
+from .model import IndexFile, Ref, ReferenceSetError, RefKind
+
+if TYPE_CHECKING:
+    from .format import Format, OpenedTree
+    from .index import KeyIndex
+    from .jsonrefs import build_index
+    from .limits import Limits
 
 __all__ = [
     "FORMATS",
@@ -36,32 +39,58 @@ __all__ = [
     "prepare_index",
 ]
 
-# The registry, in the order SOURCE is tried: the first format whose ``detect`` says yes
-# reads it. JSON claims whatever is left (its parse says what is wrong), so it comes last.
-FORMATS: tuple[Format, ...] = (
-    ParquetFormat(),
-    JsonFormat(),
-)
+# Names whose modules need numpy or pyarrow are loaded on first use (PEP 562), so that what
+# only handles a reference or an error (the CLI's checks, a catalogue mount before its first
+# set opens) does not pay for those imports.
+_LAZY = {
+    "Format": ".format",
+    "OpenedTree": ".format",
+    "KeyIndex": ".index",
+    "build_index": ".jsonrefs",
+    "DEFAULT_LIMITS": ".limits",
+    "Limits": ".limits",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FORMATS":
+        return _formats()
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def _formats() -> tuple[Format, ...]:
+    """The registry, in the order SOURCE is tried: the first format whose ``detect`` says yes
+    reads it. JSON claims whatever is left (its parse says what is wrong), so it comes last."""
+    from .jsonrefs import JsonFormat
+    from .parquet import ParquetFormat
+
+    return (ParquetFormat(), JsonFormat())
 
 
 def detect_format(source: str, target_options: Mapping[str, Any]) -> Format:
-    for fmt in FORMATS:
+    for fmt in _formats():
         if fmt.detect(source, target_options):
             return fmt
     raise ReferenceSetError(f"{source}: not a reference set of a known format")
 
 
 def format_named(name: str) -> Format:
-    for fmt in FORMATS:
+    for fmt in _formats():
         if fmt.name == name:
             return fmt
     raise ValueError(f"no reference-set format named {name!r}")
 
 
 def prepare_index(source: str, target_options: Mapping[str, Any], *, bad_keys: str = "error",
-                  limits: Limits = DEFAULT_LIMITS, cache_dir: str | None = None) -> IndexFile:
+                  limits: Limits | None = None, cache_dir: str | None = None) -> IndexFile:
     """Parse or validate SOURCE in its format (see Format.prepare). Asking a remote SOURCE
     what it is ends within ``limits.source_timeout``, as each open and read of it does."""
+    from .limits import DEFAULT_LIMITS
+
+    limits = limits or DEFAULT_LIMITS
     timeout = None if is_local(source) else limits.source_timeout
     fmt = within(timeout, source, detect_format, source, target_options)
     return fmt.prepare(source, target_options, bad_keys=bad_keys, limits=limits,

@@ -21,22 +21,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .index import KeyIndex
 from .limits import DEFAULT_LIMITS, Limits
-from .model import Ref
+from .model import IndexFile, Ref
 
 if TYPE_CHECKING:
     from ..tree import Tree
 
 Options = Mapping[str, Any]  # fsspec storage options for SOURCE (``target_options``)
-
-
-@dataclass
-class IndexFile:
-    """What :meth:`Format.prepare` leaves for the daemon. Sent to it as JSON (``vars``)."""
-
-    path: str  # the index file; "" for a format read lazily from SOURCE itself (Parquet)
-    temporary: bool  # delete once the daemon has mapped it
-    reused: bool  # an unchanged set's persisted index was found
-    kind: str = "json"  # the name of the Format that prepared it
 
 
 @dataclass

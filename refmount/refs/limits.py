@@ -26,8 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-import numpy as np
-
 from .model import ReferenceSetError
 
 MAX_KEY_DEPTH = 4095  # directory inode numbers keep the depth in 12 bits (see tree.py)
@@ -183,6 +181,8 @@ class _Scanner:
 
     def scan(self, data: bytes) -> bool:
         """Scan one chunk; True when it held a token boundary (the current token ended)."""
+        import numpy as np  # here, not at the top: catalogues and the CLI's checks load limits.py
+
         n = len(data)
         a = np.frombuffer(data, np.uint8)
         quotes = np.flatnonzero(a == 34)

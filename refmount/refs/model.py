@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -22,6 +23,16 @@ class Ref(NamedTuple):
 
 class ReferenceSetError(ValueError):
     """The reference set is malformed. ``str(err)`` is one line that names the problem."""
+
+
+@dataclass
+class IndexFile:
+    """What :meth:`Format.prepare` leaves for the daemon. Sent to it as JSON (``vars``)."""
+
+    path: str  # the index file; "" for a format read lazily from SOURCE itself (Parquet)
+    temporary: bool  # delete once the daemon has mapped it
+    reused: bool  # an unchanged set's persisted index was found
+    kind: str = "json"  # the name of the Format that prepared it
 
 
 INT64_MAX = 2**63 - 1

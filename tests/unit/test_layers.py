@@ -50,6 +50,19 @@ def test_the_http_server_process_does_not_load_fuse() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 
+
+@pytest.mark.parametrize("module", ["refmount.cli", "refmount.daemon", "refmount.indexer"])
+def test_starting_a_mount_does_not_load_the_read_path(module: str) -> None:
+    """The command and the serving process start without numpy, pyarrow or aiohttp (a few
+    tenths of a second each start): a catalogue mounts before any set needs them, and a set's
+    core loads them when it is built (docs/performance.md, "Catalogues")."""
+    code = (f"import sys, {module}; "
+            "loaded = sorted({'numpy', 'pyarrow', 'aiohttp', 'refmount.core'} & set(sys.modules)); "
+            "sys.exit(f'loaded: {loaded}' if loaded else None)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
 # ---- the check itself, on packages made here ----------------------------------------------------
 
 
