@@ -2,7 +2,8 @@
 
 Rows, one measure each (the raw values also in the JSON):
 
-1. a catalogue of ``--sets`` small JSON sets: seconds until the mount is ready, seconds for
+1. a catalogue of ``--sets`` small JSON sets: seconds until the mount is ready (``--ready-passes``
+   cold mounts, interleaved with as many of ``--base``'s checkout when given), seconds for
    ``ls`` of its root, the daemon's RSS after that (nothing indexed yet) and after reading one
    key of ``--touch`` sets;
 2. a set of ``--catalog-keys`` keys inside the catalogue: seconds of the first access to it
@@ -21,9 +22,11 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +140,7 @@ def measure(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
     timeout = args.timeout or 1800.0
     extra = list(filter(None, [args.refmount_opts]))
     h.wait_idle(args.quiet_wait, args.quiet_load)
+    ready_passes(args, cat, work, caches, extra, timeout, log, out)
     # 1. the catalogue: ready, ls, RSS
     m = h.mount_refmount(cat, mnt, ["catalog", f"cache_dir={caches.fresh('catalog')}",
                                     f"log={work / 'mount.log'}", *extra], timeout, log, probe="hot")
@@ -172,7 +176,27 @@ def measure(args: argparse.Namespace, work: Path, out: dict[str, Any]) -> None:
         caches.cleanup()
 
 
+def ready_passes(args: argparse.Namespace, cat: Path, work: Path, caches: h.CacheDirs,
+                 extra: list[str], timeout: float, log: Callable[[str], None], out: dict[str, Any]) -> None:
+    """``--ready-passes`` cold mounts of the catalogue (each with a fresh ``cache_dir``), and as
+    many of ``--base``'s checkout interleaved with them: seconds until each is ready."""
+    checkouts = [("ready", None), *([("ready_base", Path(args.base))] if getattr(args, "base", None) else [])]
+    times: dict[str, list[float]] = {label: [] for label, _ in checkouts}
+    for i in range(args.ready_passes):
+        for label, repo in checkouts if i % 2 == 0 else checkouts[::-1]:
+            m = h.mount_refmount(cat, work / "mnt-ready", ["catalog", f"cache_dir={caches.fresh(label)}",
+                                                          *extra], timeout, log, probe="hot", repo=repo)
+            times[label].append(m.seconds)
+            m.unmount(log)
+    for label, seconds in times.items():
+        if seconds:
+            out[f"{label}_s_min_median_max"] = " / ".join(
+                f"{v:.2f}" for v in (min(seconds), statistics.median(seconds), max(seconds)))
+
+
 def add_arguments(p: Any) -> None:
+    p.add_argument("--ready-passes", type=int, default=5,
+                   help="cold mounts of the catalogue timed until ready (interleaved with --base's)")
     p.add_argument("--sets", type=int, default=None, help="small sets in the catalogue (10000; --quick 500)")
     p.add_argument("--catalog-keys", type=int, default=None,
                    help="keys of the large set (1000000; --quick 20000)")

@@ -569,10 +569,12 @@ def zarr_copy(refs_path: Path, data: Path, arr: str) -> Path:
 # ============================================================================================
 
 
-def checkout_env() -> dict[str, str]:
-    """The environment of every refmount and child process: this checkout's refmount and bench."""
+def checkout_env(repo: Path | None = None) -> dict[str, str]:
+    """The environment of every refmount and child process: this checkout's refmount and bench
+    (``repo``: another checkout's refmount, for a comparison with a base)."""
     path = os.environ.get("PYTHONPATH")
-    return dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{path}" if path else str(REPO))
+    first = str(repo or REPO)
+    return dict(os.environ, PYTHONPATH=f"{first}{os.pathsep}{path}" if path else first)
 
 
 class Failed(Exception):
@@ -614,23 +616,26 @@ class Mount:
 
 
 def mount_refmount(refs: Path, mnt: Path, opts: list[str], timeout: float, log: Callable[[str], None],
-                   probe: str = ".zgroup", foreground: bool = False) -> Mount:
+                   probe: str = ".zgroup", foreground: bool = False, repo: Path | None = None) -> Mount:
     """``refmount REFS MNT -o OPTS`` (``-f``: the started process serves) until the mount
-    answers ``stat(MNT/probe)``; raises Failed, leaving nothing mounted."""
+    answers ``stat(MNT/probe)``; raises Failed, leaving nothing mounted. ``repo``: the
+    checkout whose refmount runs (this one when None)."""
     mnt.mkdir(parents=True, exist_ok=True)
-    cmd = [PY, "-m", "refmount", str(refs), str(mnt), *(["-f"] if foreground else []), "-o", ",".join(opts)]
+    # -P: the refmount of PYTHONPATH (checkout_env), not one in the current directory
+    cmd = [PY, "-P", "-m", "refmount", str(refs), str(mnt), *(["-f"] if foreground else []),
+           "-o", ",".join(opts)]
     log(f"  $ {' '.join(cmd)}")
     if foreground:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env=checkout_env())
+                                stderr=subprocess.DEVNULL, env=checkout_env(repo))
         if not wait_answers(mnt, probe, timeout, proc=proc):
             why = "DNF (mount)" if proc.poll() is None else f"mount failed (exit {proc.returncode})"
             fuse_unmount(mnt, [proc.pid], log)
             stop_pid(proc.pid)
             raise Failed(why)
         return Mount("refmount", mnt, [proc.pid], time.perf_counter() - t0)
-    rc, err, elapsed, peak = run_rusage(cmd, timeout, env=checkout_env())
+    rc, err, elapsed, peak = run_rusage(cmd, timeout, env=checkout_env(repo))
     pid = refmount_daemon_pid(mnt)
     if rc is None or rc != 0 or pid is None or not wait_answers(mnt, probe, 30):
         fuse_unmount(mnt, [pid] if pid else [], log)

@@ -366,7 +366,8 @@ def _run(args: argparse.Namespace, credentials_warning: str | None = None) -> in
 
         return _serve_in_foreground(cfg, checks, "refmount.daemon", lambda daemon, index_file, log_target: (
             daemon.serve(cfg, index_file, on_ready=ready, log_target=log_target)))
-    code = _serve_detached(cfg, checks, lambda: DaemonLauncher(cfg.mountpoint))
+    code = _serve_detached(cfg, checks, lambda: DaemonLauncher(
+        cfg.mountpoint, preload=not getattr(cfg, "catalog", False)))
     if code == 0 and credentials_warning:
         print(credentials_warning, file=sys.stderr)
     return code
@@ -387,6 +388,8 @@ def _serve_in_foreground(cfg: MountConfig, checks: Callable[[], None], module: s
     indexer = None if catalog else Indexer(cfg)  # a catalogue's sets: by the serving process
     try:
         serving = importlib.import_module(module)  # imported while the child parses
+        if indexer is not None:  # and so is the core a set is served from
+            importlib.import_module("refmount.core")
     except BaseException:
         if indexer is not None:
             indexer.kill()
@@ -443,14 +446,17 @@ def _fail(message: str) -> int:
 
 class DaemonLauncher:
     """Starts the daemon process *before* the references are parsed, so that its imports
-    (pyarrow, fsspec, aiohttp, trio, pyfuse3: most of a second) overlap the parsing. It
-    waits for its configuration on stdin; closing stdin without one makes it exit."""
+    (pyfuse3, trio, fsspec and, with ``preload``, a set's core: pyarrow, numpy, aiohttp; most
+    of a second) overlap the parsing. It waits for its configuration on stdin; closing stdin
+    without one makes it exit. A catalogue's daemon is not preloaded: nothing is parsed
+    before it mounts, and it loads the core once it serves."""
 
-    def __init__(self, mountpoint: str, module: str = "refmount.daemon") -> None:
+    def __init__(self, mountpoint: str, module: str = "refmount.daemon", preload: bool = True) -> None:
         self._read_fd, write_fd = os.pipe()
         self._errlog = tempfile.TemporaryFile()  # noqa: SIM115 (closed in _close)
         self.proc = subprocess.Popen(
-            module_command(module, "--ready-fd", str(write_fd), mountpoint),
+            module_command(module, "--ready-fd", str(write_fd), *(["--preload"] if preload else []),
+                           mountpoint),
             env=child_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,

@@ -9,6 +9,7 @@ takes its configuration as JSON on stdin (never argv: it may hold credentials) a
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -48,6 +49,10 @@ def run_detached(what: str, serve_set: Callable[[MountConfig, IndexFile, Callabl
     a refusal is reported as ``ERROR <message>``."""
     process.ignore_user_signals()
     ready_fd = int(sys.argv[sys.argv.index("--ready-fd") + 1])
+    # A set's core, loaded while the command parses the set (the last argument is the mount
+    # point, only there to name the process in ps).
+    if "--preload" in sys.argv[:-1]:
+        importlib.import_module("refmount.core")
     text = sys.stdin.read()
     if not text:
         return 0  # the CLI found a problem before handing over: nothing to do
