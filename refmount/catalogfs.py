@@ -44,6 +44,9 @@ def _invalidate_entry(parent: int, name: bytes) -> None:
     pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
 
 
+ROOT_LISTINGS = 1 << 63  # handles of root listings: above every inode number (inodes.py)
+
+
 class CatalogFS(pyfuse3.Operations, SetEvents):
     supports_dot_lookup = False
     enable_writeback_cache = False
@@ -67,6 +70,11 @@ class CatalogFS(pyfuse3.Operations, SetEvents):
         self._invalidate = invalidate
         self._files: dict[int, tuple[SetVersion, int]] = {}
         self._next_fh = 1
+        # open listings of the root: handle -> the sorted names when it was opened (a list
+        # Sets replaces, never changes), so that a listing's offsets stay positions in one list
+        # while sets come and go: no name twice, none skipped that stayed
+        self._listings: dict[int, list[str]] = {}
+        self._next_listing = ROOT_LISTINGS
         self._nursery: trio.Nursery | None = None
         self.dir_mode = stat.S_IFDIR | (0o777 & ~umask)
         sets.events = self
@@ -186,14 +194,18 @@ class CatalogFS(pyfuse3.Operations, SetEvents):
     @_guard
     async def opendir(self, inode: int, ctx: Any) -> int:
         if self._catalogue_root(inode):
-            return inode
+            fh = self._next_listing
+            self._next_listing += 1
+            self._listings[fh] = self.sets.names()
+            return fh
         version = await self._version(inode)
         async with self.sets.using(version):
             return await version.front.opendir(inode, ctx)
 
     @_guard
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        if not self._catalogue_root(fh):
+        names = self._listings.get(fh)
+        if names is None:
             version = await self._version(fh)
             async with self.sets.using(version):
                 await version.front.readdir(fh, start_id, token)
@@ -203,17 +215,17 @@ class CatalogFS(pyfuse3.Operations, SetEvents):
             return
         if start_id < 2 and not pyfuse3.readdir_reply(token, b"..", root, 2):
             return
-        names = self.sets.names()
         for i in range(max(start_id - 2, 0), len(names)):
             slot = self.sets.slot(names[i])
-            assert slot is not None
+            if slot is None:  # removed since the listing began
+                continue
             attr = self._dir_attr(self.inodes.reply(slot.vid, ROOT))
             if not pyfuse3.readdir_reply(token, names[i].encode("utf-8", "surrogateescape"), attr, i + 3):
                 self.inodes.forget(attr.st_ino, 1)
                 break
 
     async def releasedir(self, fh: int) -> None:
-        pass
+        self._listings.pop(fh, None)
 
     # ---- files -------------------------------------------------------------------------------
     @_guard

@@ -1,8 +1,8 @@
 """CatalogFS's handlers without a kernel, over real cores of small sets: the root lists the
 sets and answers stat without opening any, a lookup inside a set opens it once, inode numbers
 of different sets and versions differ, a handle opened before a swap reads the old version
-while new lookups find the new one, the kernel's names are dropped on a swap, and forgotten
-inode numbers are freed."""
+while new lookups find the new one, the kernel's names are dropped on a swap, forgotten
+inode numbers are freed, and a root listing goes on over the names it began with."""
 
 from __future__ import annotations
 
@@ -166,5 +166,50 @@ def test_a_handle_keeps_its_version_across_a_swap(tmp_path: Path) -> None:
         before = len(fs.inodes)
         await fs.forget([(k.st_ino, 1), (a.st_ino, 1)])
         assert len(fs.inodes) == before - 2
+
+    run(tmp_path, body)
+
+
+class LimitedToken(Token):
+    """Takes ``room`` entries, then refuses (the kernel's buffer is full), remembering the
+    offset to go on from."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+        self.next_id = 0
+
+    def reply(self, name: bytes, attr: pyfuse3.EntryAttributes, next_id: int) -> bool:
+        if len(self.entries) >= self.room:
+            return False
+        self.next_id = next_id
+        return super().reply(name, attr, next_id)
+
+
+def test_a_root_listing_goes_on_over_the_names_it_began_with(tmp_path: Path,
+                                                              readdir_shim: None) -> None:
+    """Sets removed and added while ``ls`` reads the root (a catalogue reloaded between two of
+    its readdir calls): the listing neither repeats a name nor skips one that stayed; a listing
+    begun after the change shows it."""
+    async def body(fs: CatalogFS, world: World) -> None:
+        for name in ("c", "d"):
+            write_set(tmp_path / f"{name}.json", 1)
+        entries = {n: Entry(n, str(tmp_path / f"{n}.json")) for n in ("a", "b", "c", "d")}
+        fs.sets.update(entries)
+        fh = await fs.opendir(ROOT, None)
+        first = LimitedToken(4)  # ".", "..", "a", "b"
+        await fs.readdir(fh, 0, first)
+        assert [e[0] for e in first.entries] == [b".", b"..", b"a", b"b"]
+        # "a" goes and "aa" comes: in a fresh sorted list "c" would move back one place
+        write_set(tmp_path / "aa.json", 1)
+        fs.sets.update({n: e for n, e in entries.items() if n != "a"}
+                       | {"aa": Entry("aa", str(tmp_path / "aa.json"))})
+        fs.sets.update({n: e for n, e in entries.items() if n not in ("a", "b")}
+                       | {"aa": Entry("aa", str(tmp_path / "aa.json"))})
+        rest = Token()
+        await fs.readdir(fh, first.next_id, rest)
+        assert [e[0] for e in rest.entries] == [b"c", b"d"]
+        await fs.releasedir(fh)
+        assert [e[0] for e in await listing(fs, ROOT)] == [b".", b"..", b"aa", b"c", b"d"]
 
     run(tmp_path, body)
