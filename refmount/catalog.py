@@ -42,6 +42,7 @@ import re
 import stat
 import urllib.parse
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -77,6 +78,7 @@ STAC_PARQUET_TYPES = frozenset({"application/x-parquet", "application/vnd.apache
 MAX_NAME_BYTES = 255
 ZARR_KEYS = (".zgroup", ".zattrs", ".zarray", ".zmetadata")  # a reference set's, not a catalogue's
 MAX_NESTING = 64  # of a YAML list file (a JSON one is orjson's: 1024)
+PROBES = 16  # remote directories of a catalogue asked at once whether they are Parquet sets
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
@@ -251,17 +253,17 @@ class _Reader:
                     continue  # some stores list the directory itself
                 listing.append((posixpath.basename(full), fs.unstrip_protocol(full),
                                 info.get("type") == "directory"))
-        probes = 0  # directories asked for a .zmetadata: each may be a set, so max_sets bounds them
-        for base, source, is_dir in sorted(listing):
-            if base.startswith("."):
-                continue
+        listing = sorted(e for e in listing if not e[0].startswith("."))
+        # directories asked for a .zmetadata: each may be a set, so max_sets bounds them
+        directories = [source for _, source, is_dir in listing if is_dir]
+        if len(directories) > self.max_sets:
+            raise CatalogError(f"{self.url}: more than {self.max_sets:,} directories that "
+                               "may be Parquet sets (limit max_sets); raise max_sets or "
+                               "split the catalogue")
+        parquet = self._parquet_dirs(fs, directories)
+        for base, source, is_dir in listing:
             if is_dir:
-                probes += 1
-                if probes > self.max_sets:
-                    raise CatalogError(f"{self.url}: more than {self.max_sets:,} directories that "
-                                       "may be Parquet sets (limit max_sets); raise max_sets or "
-                                       "split the catalogue")
-                if not self._is_parquet_dir(fs, source):
+                if source not in parquet:
                     continue
                 name = base
                 for suffix in PARQUET_SUFFIXES:
@@ -273,6 +275,19 @@ class _Reader:
                 name = json_set_name(base)
                 if name is not None:
                     self.add(name, source, {}, base)
+
+    def _parquet_dirs(self, fs: Any, directories: list[str]) -> set[str]:
+        """Those of ``directories`` that are Parquet sets. Remote ones are asked ``PROBES`` at a
+        time (each is a round trip); the first failure, in listing order, is raised."""
+        if self.local or len(directories) < 2:
+            return {d for d in directories if self._is_parquet_dir(fs, d)}
+        with ThreadPoolExecutor(PROBES, thread_name_prefix="refmount-probe") as pool:
+            futures = [pool.submit(self._is_parquet_dir, fs, d) for d in directories]
+            try:
+                return {d for d, f in zip(directories, futures, strict=True) if f.result()}
+            finally:
+                for f in futures:
+                    f.cancel()
 
     def _is_parquet_dir(self, fs: Any, source: str) -> bool:
         if self.local:

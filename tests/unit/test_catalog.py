@@ -12,6 +12,8 @@ import logging
 import lzma
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from support.refsets import tiny_json, tiny_parquet, write_record
 
 from refmount.catalog import (
     PER_SET_OPTIONS,
+    PROBES,
     CatalogEntry,
     CatalogError,
     name_problem,
@@ -180,6 +183,44 @@ def test_remote_directory(tmp_path: Path, set_dir: Path) -> None:
         assert {n: e.source for n, e in entries.items()} == {
             "a": f"memory://{root}/a.json.gz", "run": f"memory://{root}/run.parq"}
     finally:
+        mem.rm(root, recursive=True)
+
+
+def test_remote_directories_are_probed_a_bounded_number_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each remote subdirectory costs a round trip to ask for its .zmetadata: they are asked
+    ``PROBES`` at a time, never more; a probe that fails fails the catalogue in one line."""
+    mem = fsspec.filesystem("memory")
+    root = "/catsrc-probes"
+    lock = threading.Lock()
+    now = peak = 0
+    original = type(mem).isfile
+
+    def slow_isfile(self: Any, path: str) -> bool:
+        nonlocal now, peak
+        with lock:
+            now += 1
+            peak = max(peak, now)
+        time.sleep(0.02)
+        with lock:
+            now -= 1
+        if "d07" in path and fail:
+            raise PermissionError(13, "denied")
+        return original(self, path)
+
+    fail = False
+    monkeypatch.setattr(type(mem), "isfile", slow_isfile)
+    try:
+        for i in range(40):
+            name = f"{root}/d{i:02d}.parq/.zmetadata" if i % 2 else f"{root}/d{i:02d}/x.bin"
+            mem.pipe(name, b'{"metadata": {}, "record_size": 1}')
+        entries = read(f"memory://{root}")
+        assert sorted(entries) == [f"d{i:02d}" for i in range(1, 40, 2)]
+        assert 1 < peak <= PROBES
+        fail = True
+        assert "permission denied" in one_line_error(f"memory://{root}")
+    finally:
+        fail = False
         mem.rm(root, recursive=True)
 
 
