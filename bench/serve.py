@@ -280,6 +280,8 @@ def add_arguments(p: Any) -> None:
     p.add_argument("--mib-1m", type=int, default=None, help="MiB of the 1 MiB-chunk array (256; --quick 16)")
     p.add_argument("--clients", default=None, help="concurrent zarr clients (1,16; --quick 1,4)")
     p.add_argument("--base", type=Path, help="another refmount checkout to compare with (serve/base)")
+    p.add_argument("--array-rounds", type=int, default=1,
+                   help="rounds of the zarr array reads (each cell: the median, [min, max])")
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds of the requests-per-second tests (3; --quick 1)")
     p.add_argument("--rate-seconds", type=float, default=3.0)
@@ -377,29 +379,30 @@ def run(args: argparse.Namespace, workloads: list[str], peers: list[str], work: 
         if mount is not None:
             stop(mount)
 
-        # ---- zarr reading whole arrays
-        for arr, n, chunk in ([] if args.no_arrays else arrays):
-            for c in clients:
-                h.wait_idle(args.quiet_wait, args.quiet_load)
-                if "nginx-files" in peers:
-                    record("nginx/files", arr, c, "cold", read_array(base_files, arr, n, chunk, c, data))
-                if "nginx-mount" in peers:
-                    mount = started(FuseMount(refs, work))
-                    mount_nginx = started(h.Nginx(mount.mnt, work / "nginx-mount"))
-                    base = f"http://127.0.0.1:{mount_nginx.port}/"
-                    for p in ("cold", "warm"):
-                        record("nginx/mount", arr, c, p, read_array(base, arr, n, chunk, c, data))
-                    stop(mount_nginx)
-                    stop(mount)
-                fresh = serves()
-                if xpublish_ok:
-                    fresh.append(("xpublish", started(Peer("xpublish", refs, work, "zarr/"))))
-                for p in ("cold", "warm"):  # the servers alternate within each pass
-                    for label, s in fresh:
-                        fmt = 3 if label == "xpublish" else 2
-                        record(label, arr, c, p, read_array(s.url, arr, n, chunk, c, data, fmt))
-                for _, s in fresh:
-                    stop(s)
+        # ---- zarr reading whole arrays (--array-rounds times; the tables keep each cell's median)
+        for arr, n, chunk, c in [(arr, n, chunk, c) for _ in range(args.array_rounds)
+                                 for arr, n, chunk in ([] if args.no_arrays else arrays)
+                                 for c in clients]:
+            h.wait_idle(args.quiet_wait, args.quiet_load)
+            if "nginx-files" in peers:
+                record("nginx/files", arr, c, "cold", read_array(base_files, arr, n, chunk, c, data))
+            if "nginx-mount" in peers:
+                mount = started(FuseMount(refs, work))
+                mount_nginx = started(h.Nginx(mount.mnt, work / "nginx-mount"))
+                base = f"http://127.0.0.1:{mount_nginx.port}/"
+                for p in ("cold", "warm"):
+                    record("nginx/mount", arr, c, p, read_array(base, arr, n, chunk, c, data))
+                stop(mount_nginx)
+                stop(mount)
+            fresh = serves()
+            if xpublish_ok:
+                fresh.append(("xpublish", started(Peer("xpublish", refs, work, "zarr/"))))
+            for p in ("cold", "warm"):  # the servers alternate within each pass
+                for label, s in fresh:
+                    fmt = 3 if label == "xpublish" else 2
+                    record(label, arr, c, p, read_array(s.url, arr, n, chunk, c, data, fmt))
+            for _, s in fresh:
+                stop(s)
 
         # ---- memory with slow clients
         for label, s in serves():
@@ -420,15 +423,19 @@ def tables(results: dict[str, Any], clients: list[int], servers: list[str]) -> l
     out = []
 
     def cell(server: str, arr: str, c: int, p: str) -> str:
-        for r in rows:
-            if (r["server"], r["array"], r["clients"]) == (server, arr, c) and (
-                    r["pass"] == p or server == "nginx/files"):
-                mark = "" if r["verified"] else " MISMATCH"
-                return f"{r['MB/s']:.0f} ({r['chunks/s']:.0f}, L{r['load']:.0f}){mark}"
-        return "—"
+        runs = [r for r in rows if (r["server"], r["array"], r["clients"]) == (server, arr, c) and (
+                r["pass"] == p or server == "nginx/files")]
+        if not runs:
+            return "—"
+        r = sorted(runs, key=lambda r: r["MB/s"])[len(runs) // 2]
+        mark = "" if all(r["verified"] for r in runs) else " MISMATCH"
+        speeds = [x["MB/s"] for x in runs]
+        spread = f" [{min(speeds):.0f}, {max(speeds):.0f}]" if len(runs) > 1 else ""
+        return f"{r['MB/s']:.0f} ({r['chunks/s']:.0f}, L{r['load']:.0f}){spread}{mark}"
 
     if rows:
-        t = Table("serve", "MB/s (chunks/s, load average) of zarr reading a whole array over HTTP",
+        t = Table("serve", "MB/s (chunks/s, load average) of zarr reading a whole array over HTTP "
+                  "(the median of the rounds, [min, max])",
                   ["chunks", "clients", "pass", *servers], align="lrl" + "r" * len(servers),
                   data={"rows": rows})
         for arr, chunk in (("a", "64 KiB"), ("b", "1 MiB")):
