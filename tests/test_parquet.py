@@ -667,7 +667,23 @@ def _grid_set(root: Path, arrays: dict[str, tuple[int, int]], record_size: int) 
 
 
 def _ls(path: Path) -> subprocess.Popen:
-    return subprocess.Popen(["ls", "-f", str(path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    """``ls -f PATH`` writing to /dev/null (a pipe nobody reads would stop it in ``write``, not
+    in ``readdir``), with SIGINT's default action whatever this process inherited."""
+    return subprocess.Popen(["ls", "-f", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _process_state(pid: int) -> str:
+    """What a process is doing, for a failure's message: its state, signals, kernel stack."""
+    out = []
+    for name in ("status", "wchan", "stack", "syscall"):
+        with contextlib.suppress(OSError):
+            text = Path(f"/proc/{pid}/{name}").read_text()
+            if name == "status":
+                text = " ".join(line for line in text.splitlines()
+                                if line.startswith(("State", "SigIgn", "SigPnd", "ShdPnd", "SigBlk")))
+            out.append(f"{name}: {text.strip()}")
+    return "; ".join(out)
 
 
 def test_a_huge_grid_lists_at_once_and_a_long_listing_is_interruptible(mount, tmp_path):
@@ -689,7 +705,13 @@ def test_a_huge_grid_lists_at_once_and_a_long_listing_is_interruptible(mount, tm
         assert ls.poll() is None, "the listing ended too soon to be interrupted"
         began = time.monotonic()
         ls.send_signal(sig)
-        ls.wait(timeout=10)
+        try:
+            ls.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            state = _process_state(ls.pid)
+            ls.kill()
+            ls.wait()
+            pytest.fail(f"ls still running 10 s after {sig.name}: {state}")
         assert time.monotonic() - began < 3, f"ls took {time.monotonic() - began:.1f} s to stop"
     for m in (huge, dense):
         r = fusermount_u(m)
