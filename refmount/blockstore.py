@@ -21,6 +21,7 @@ from typing import NamedTuple, overload
 
 import trio
 
+from .background import Background
 from .cache import Block, DiskCache, MemoryLRU
 from .cachewriter import CacheWriter
 from .errors import FetchError
@@ -73,17 +74,18 @@ class BlockStore:
         self._flights: SingleFlight[BlockKey, Block | None] = SingleFlight()
         self._failed: LRU[BlockKey, tuple[float, BaseException]] = LRU(self.MAX_FAILURES)
         self._disk_threads = trio.CapacityLimiter(8)
-        self._background: trio.Nursery | None = None
+        self._background: Background | None = None
         # The block if memory has it (refreshed as recently used; no stats counted): the
         # memory cache's own lookup, with no call around it (a memory hit is the hot path).
         self.cached: Callable[[BlockKey], Block | None] = memory.get
 
     def attach(self, nursery: trio.Nursery) -> None:
-        """Where background loads run: the daemon's nursery."""
-        self._background = nursery
+        """Where background loads run: the daemon's nursery (started from trio or from the
+        host loop: ``Background``)."""
+        self._background = Background(nursery)
 
     @property
-    def background(self) -> trio.Nursery | None:
+    def background(self) -> Background | None:
         return self._background
 
     @property

@@ -50,6 +50,7 @@ from typing import NamedTuple, Protocol, TypeVar
 
 import trio
 
+from .background import Background
 from .blockstore import BlockKey, Fetch, block_of
 from .cache import round_up
 from .inflight import LinkEstimates
@@ -95,8 +96,8 @@ class Loader(Protocol):
     """What a readahead policy may ask of the block store (``BlockStore.loader``)."""
 
     @property
-    def background(self) -> trio.Nursery | None:
-        """Where loads ahead run."""
+    def background(self) -> Background | None:
+        """Where loads ahead run (started from trio or from the host loop)."""
         ...
 
     def busy(self, key: BlockKey) -> bool:
@@ -262,8 +263,8 @@ class AcrossKeys:
         self.target = target
 
     def note(self, stream: TargetRead, start: int, end: int, loader: Loader | None) -> None:
-        nursery = loader.background if loader is not None else None
-        self.target.note(stream.url, start, end, nursery, miss=stream.miss)
+        background = loader.background if loader is not None else None
+        self.target.note(stream.url, start, end, background, miss=stream.miss)
 
 
 class _Run:
@@ -389,7 +390,8 @@ class TargetReadahead:
             return None  # the target ended early
         return (pieces[0] if len(pieces) == 1 else b"".join(pieces)), cover[0].blocks_from <= start
 
-    def note(self, url: str, start: int, end: int, nursery: trio.Nursery | None, *, miss: bool) -> None:
+    def note(self, url: str, start: int, end: int, nursery: Background | trio.Nursery | None, *,
+             miss: bool) -> None:
         """A range of ``url`` was read: a fetch on demand (``miss``) or from a stretch."""
         if nursery is None or self.max_window <= 0:
             return
@@ -415,7 +417,7 @@ class TargetReadahead:
         behind = max(self.SLACK, min(self.CONCURRENT * span, max(self.BEHIND, run.window)))
         return continues(start, run.end, front=max(run.end, run.ahead), behind=behind, slack=self.SLACK)
 
-    def _extend(self, url: str, run: _Run, nursery: trio.Nursery, span: int) -> None:
+    def _extend(self, url: str, run: _Run, nursery: Background | trio.Nursery, span: int) -> None:
         ahead = max(run.ahead, run.end)
         link = self.links.of(url)
         piece = self.REQUEST_LIMIT  # one request (inflight.py: why not smaller ones)
@@ -437,10 +439,19 @@ class TargetReadahead:
         target = run.end + run.window
         stretches = self._stretches.setdefault(url, [])
         while ahead < target:
+            # What a stretch already holds (or is fetching) is not fetched again: several
+            # readers going through one target (a zarr client each, over one server) run
+            # into each other's stretches.
+            i = bisect.bisect_right(stretches, ahead, key=lambda s: s.start)
+            if i > 0 and stretches[i - 1].end > ahead:
+                ahead = stretches[i - 1].end
+                continue
             # End on the grid: every stretch after the first is whole grid blocks.
             stop = (ahead + piece) // self.grid * self.grid
             if stop <= ahead:
                 stop = round_up(ahead + 1, self.grid)
+            if i < len(stretches):
+                stop = min(stop, stretches[i].start)  # up to the next one
             stretch = _Stretch(ahead, stop, round_up(ahead, self.grid))
             bisect.insort(stretches, stretch, key=lambda s: s.start)
             self._fifo.append((url, stretch))

@@ -92,8 +92,10 @@ class RefReader:
         would be a memory hit (then ``clipped`` already tells)."""
         if not self.sizes.needs_settling(ref):
             return True
-        return (ref.length <= self.whole_fetch_limit
-                and self.store.cached(tuple.__new__(BlockKey, (ref.url, ref.offset, ref.length))) is not None)
+        if ref.length > self.whole_fetch_limit:
+            return False
+        key = tuple.__new__(BlockKey, (ref.url, ref.offset, ref.length))
+        return self.store.cached(key) is not None or self._take_from_stretch(key) is not None
 
     async def size(self, ref: Ref) -> int:
         return await self.sizes.length(ref)
@@ -124,9 +126,11 @@ class RefReader:
             in_order = self.order.follows(url, start, start + total) if off == 0 else False
             found = await self.target_readahead.lookup(url, start, start + total)
             if found is not None:
-                if off == 0:  # first read of this key
-                    self._prefetch_hit(key, *found)
-                return found[0][off:end]
+                if (data := store.cached(key)) is None:  # the first read of this key
+                    data = bytes(found[0])  # as in ``_take_from_stretch``
+                    store.memory.put(key, data)
+                    self._prefetch_hit(key, data, found[1])
+                return memoryview(data)[off:end]
             # Grid blocks from disk only for a key not cached by itself, and only while
             # keys come in target order (or for keys of a quarter block or more):
             # loading a whole block for one small key read at random is many times the
@@ -148,8 +152,9 @@ class RefReader:
     def read_now(self, ref: Ref, off: int, size: int) -> bytes | memoryview | None:
         """What ``read`` answers without I/O or waiting, None when it must load: inline
         bytes, and a range up to ``whole_fetch_limit`` whose block is in memory (most
-        reads; a view into it, no copy). Callable outside trio (the HTTP front end answers
-        such requests on the asyncio loop)."""
+        reads; a view into it, no copy) or inside a stretch read ahead that has arrived.
+        Callable outside trio (the HTTP front end answers such requests on the asyncio
+        loop; loads ahead it starts go through ``Background``)."""
         if ref.kind is RefKind.INLINE:
             assert ref.data is not None
             return ref.data[off : off + size]
@@ -161,11 +166,32 @@ class RefReader:
             return b""
         # A memory hit is one dict lookup; the key is made without the Python-level
         # __new__ a NamedTuple has (the same BlockKey, for half the time).
-        cached = self.store.cached(tuple.__new__(BlockKey, (ref.url, ref.offset, total)))
-        if cached is None:
-            return None
-        self.stats.memory_hits += 1
+        key = tuple.__new__(BlockKey, (ref.url, ref.offset, total))
+        cached = self.store.cached(key)
+        if cached is not None:
+            self.stats.memory_hits += 1
+        else:
+            cached = self._take_from_stretch(key)
+            if cached is None:
+                return None
         return memoryview(cached)[off:end]
+
+    def _take_from_stretch(self, key: BlockKey) -> Block | None:
+        """The key's bytes if a stretch read ahead of a reader has them (arrived: no
+        waiting), counted as the key's first read and kept in memory as a block of its own,
+        so that the reads after it are memory hits (a copy: a view would keep the whole
+        stretch alive after the readahead lets it go)."""
+        if self.store.loading(key):
+            return None  # its own fetch is in flight: wait for that one (``read``)
+        url, start, length = key
+        found = self.target_readahead.peek(url, start, start + length)
+        if found is None:
+            return None
+        data = bytes(found[0])
+        self.order.follows(url, start, start + length)  # a first read, as in ``read``
+        self.store.memory.put(key, data)
+        self._prefetch_hit(key, data, found[1])
+        return data
 
     def _prefetch_hit(self, key: BlockKey, data: Block, in_grid_blocks: bool) -> None:
         """A key served from a prefetched stretch for the first time."""

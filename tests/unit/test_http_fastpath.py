@@ -159,3 +159,38 @@ def test_a_client_gone_before_the_headers_is_counted_not_an_error(tmp_path: Path
         gone.write.assert_not_called()
 
     serve(core, body)
+
+
+def test_keys_read_ahead_are_answered_on_the_loop_and_keep_the_readahead_going(tmp_path: Path) -> None:
+    # Keys laid out in order in one target, read one after another (a zarr client going
+    # through an array): after the first few, each is inside a stretch read ahead, taken
+    # from it on the loop, and the stretches after it are started from the loop too.
+    chunk, n = 64 * 1024, 128
+    data = np.random.default_rng(5).integers(0, 256, n * chunk, dtype=np.uint8).tobytes()
+    (tmp_path / "array.bin").write_bytes(data)
+    refs = {f"a/{i}": [str(tmp_path / "array.bin"), i * chunk, chunk] for i in range(n)}
+    (tmp_path / "refs.json").write_text(json.dumps(refs))
+    cfg = MountConfig(source=str(tmp_path / "refs.json"), mountpoint="")
+    apply_options(cfg, ["no_disk_cache", "retries=0", "timeout=5", "block_size=1M", "max_readahead=2M"])
+    core = build_core(cfg, index_source(cfg))
+
+    async def body(get: Client, caller: CountingCaller) -> None:
+        for i in range(n):
+            r, got = await get("GET", f"/a/{i}")
+            assert (r.status, got) == (200, data[i * chunk:(i + 1) * chunk]), i
+            await asyncio.sleep(0.01)  # the client's own work: stretches arrive meanwhile
+        first_pass = caller.calls
+        for i in range(n):  # again: every key is in memory now
+            r, got = await get("GET", f"/a/{i}")
+            assert got == data[i * chunk:(i + 1) * chunk]
+        stats = core.stats
+        # Only the reads before the readahead started (and any that met a stretch still in
+        # flight) entered trio; the readahead ran to the end of the target, started from
+        # the loop for all but its first stretch (the window, 2 MiB, is a quarter of it).
+        assert first_pass <= 8, first_pass
+        assert caller.calls == first_pass
+        assert stats.prefetch_hits >= n - first_pass
+        assert stats.prefetched >= (n - 8) * chunk
+        assert stats.misses <= first_pass
+
+    serve(core, body)

@@ -107,3 +107,33 @@ def test_a_random_reader_starts_no_readahead() -> None:
     # every read is a demand fetch of its own chunk; almost nothing is fetched ahead
     assert misses == 200
     assert sum(e - s for s, e in target.requests) <= 200 * MiB + 16 * MiB
+
+
+def test_readers_of_slices_of_one_target_fetch_its_bytes_about_once() -> None:
+    # Sixteen clients of one server, each reading its own slice of a target in order, ten
+    # chunks at once: each one's run meets the stretches fetched for the others, and what a
+    # stretch already holds (or is fetching) is not fetched again.
+    chunk, per, clients = 64 * 2**10, 32, 16
+    size = clients * per * chunk
+    target = SlowTarget(size)
+    ra = readahead(target)
+    misses: list[int] = []
+
+    async def client(c: int, nursery: trio.Nursery) -> None:
+        misses.append(await read_chunks(ra, target, list(range(c * per, (c + 1) * per)), chunk, 10, nursery))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            async with trio.open_nursery() as clients_nursery:
+                for c in range(clients):
+                    clients_nursery.start_soon(client, c, nursery)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    fetched = sum(e - s for s, e in target.requests)
+    covered, reach = 0, 0  # bytes of the target fetched at least once
+    for s, e in sorted(target.requests):
+        covered += max(0, e - max(s, reach))
+        reach = max(reach, e)
+    assert covered == size
+    assert fetched <= size * 5 // 4, (fetched / size, sum(misses))
