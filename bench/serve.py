@@ -14,7 +14,10 @@ give the same zarr arrays (``a``: 64 KiB chunks, ``b``: 1 MiB chunks, no compres
   ``xpublish`` with its zarr plugin over the set opened with fsspec (zarr v3 keys, chunks
   encoded per request) and, for requests per second only, ``hypercorn-trio``, a prototype of
   the other design considered for ``refmount serve`` (hypercorn's trio worker in the core's
-  nursery). zarr-python's own HTTP server needs Python 3.12 and is not run on older ones.
+  nursery). zarr-python's own HTTP server needs Python 3.12 and is not run on older ones;
+* ``aiohttp-constant`` (requests per second only): aiohttp's low-level server as ``refmount
+  serve`` configures it, answering every key with constant bytes of its size: the ceiling of
+  the HTTP server refmount is built on, on this machine.
 
 A client is a process reading its share of the array with zarr (FsspecStore over fsspec's
 HTTP file system); N clients (``--clients``) read disjoint slices at once, started together.
@@ -50,7 +53,7 @@ MiB = h.MiB
 PY = h.PY
 WORKLOADS = {"serve": "refmount serve, nginx over a mount, nginx on the files, xpublish: zarr over HTTP, "
              "requests/s, RSS"}
-PEERS = ("refmount", "nginx-mount", "nginx-files", "xpublish", "hypercorn-trio")
+PEERS = ("refmount", "nginx-mount", "nginx-files", "xpublish", "hypercorn-trio", "aiohttp-constant")
 TITLES = {"refmount": "refmount serve", "nginx-mount": "nginx/mount", "nginx-files": "nginx/files"}
 
 CLIENT = r"""
@@ -348,6 +351,9 @@ def run(args: argparse.Namespace, workloads: list[str], peers: list[str], work: 
         if hypercorn_ok:
             hc = started(Peer("hypercorn-trio", refs, work))
             rate_servers.append(("hypercorn-trio", hc.url, plain, hc))
+        if "aiohttp-constant" in peers:
+            ac = started(Peer("aiohttp-constant", refs, work))
+            rate_servers.append(("aiohttp-constant", ac.url, plain, ac))
         if xpublish_ok:
             x = started(Peer("xpublish", refs, work, "zarr/"))
             rate_servers.append(("xpublish", x.url, {"a": "a/c", "b": "b/c"}, x))

@@ -2,6 +2,7 @@
 
     python -m bench.serve_peers hypercorn-trio REFS   # prints the port once it listens
     python -m bench.serve_peers xpublish REFS
+    python -m bench.serve_peers aiohttp-constant REFS
 
 * ``hypercorn-trio``: a prototype of the other server design considered for ``refmount
   serve``: hypercorn's trio worker inside the same nursery as the set's core (trio as a guest
@@ -11,6 +12,11 @@
 * ``xpublish``: xpublish with its zarr plugin (``xpublish-zarr``: zarr v3 keys under
   ``/zarr/``, chunks encoded per request, answers cached by xpublish) over the same set opened
   with fsspec's reference file system and xarray, run by uvicorn.
+* ``aiohttp-constant``: aiohttp's low-level server, configured as ``refmount serve``
+  configures it, answering each key of the set with constant bytes of its size from memory
+  (no index, validators, ranges or reads; ``404`` for anything else): what the HTTP server
+  refmount is built on costs per request on this machine, the ceiling of its requests per
+  second.
 
 Nothing here is imported by refmount or its tests.
 """
@@ -109,5 +115,32 @@ def xpublish(refs: str) -> None:
     server.run(sockets=[sock])
 
 
+def aiohttp_constant(refs: str) -> None:
+    import asyncio
+
+    from aiohttp import web, web_server
+
+    sizes = {k: (len(v) if isinstance(v, str) else v[2] if len(v) == 3 else 0)
+             for k, v in json.loads(Path(refs).read_text()).items()}
+    bodies = {size: bytes(size) for size in set(sizes.values())}
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        size = sizes.get(request.path.lstrip("/"))
+        if size is None:
+            return web.Response(status=404, text="no such key")
+        if request.method == "HEAD":
+            return web.Response(headers={"Content-Length": str(size)})
+        return web.Response(body=bodies[size])
+
+    async def main() -> None:
+        server = web_server.Server(handle, handler_cancellation=True, access_log=None,
+                                   keepalive_timeout=60, max_line_size=8190, max_field_size=8190)
+        await asyncio.get_running_loop().create_server(server, sock=listening())
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
 if __name__ == "__main__":
-    {"hypercorn-trio": hypercorn_trio, "xpublish": xpublish}[sys.argv[1]](sys.argv[2])
+    {"hypercorn-trio": hypercorn_trio, "xpublish": xpublish,
+     "aiohttp-constant": aiohttp_constant}[sys.argv[1]](sys.argv[2])

@@ -95,7 +95,7 @@ class RefReader:
         if ref.length > self.whole_fetch_limit:
             return False
         key = tuple.__new__(BlockKey, (ref.url, ref.offset, ref.length))
-        return self.store.cached(key) is not None or self._take_from_stretch(key) is not None
+        return self.store.cached(key) is not None or self._from_stretch_now(key, first=False) is not None
 
     async def size(self, ref: Ref) -> int:
         return await self.sizes.length(ref)
@@ -126,11 +126,9 @@ class RefReader:
             in_order = self.order.follows(url, start, start + total) if off == 0 else False
             found = await self.target_readahead.lookup(url, start, start + total)
             if found is not None:
-                if (data := store.cached(key)) is None:  # the first read of this key
-                    data = bytes(found[0])  # as in ``_take_from_stretch``
-                    store.memory.put(key, data)
-                    self._prefetch_hit(key, data, found[1])
-                return memoryview(data)[off:end]
+                if off == 0:  # first read of this key
+                    self._prefetch_hit(key, *found)
+                return found[0][off:end]
             # Grid blocks from disk only for a key not cached by itself, and only while
             # keys come in target order (or for keys of a quarter block or more):
             # loading a whole block for one small key read at random is many times the
@@ -171,27 +169,25 @@ class RefReader:
         if cached is not None:
             self.stats.memory_hits += 1
         else:
-            cached = self._take_from_stretch(key)
+            cached = self._from_stretch_now(key, first=off == 0)
             if cached is None:
                 return None
         return memoryview(cached)[off:end]
 
-    def _take_from_stretch(self, key: BlockKey) -> Block | None:
-        """The key's bytes if a stretch read ahead of a reader has them (arrived: no
-        waiting), counted as the key's first read and kept in memory as a block of its own,
-        so that the reads after it are memory hits (a copy: a view would keep the whole
-        stretch alive after the readahead lets it go)."""
+    def _from_stretch_now(self, key: BlockKey, *, first: bool) -> Block | None:
+        """The key's bytes if a stretch read ahead has them (arrived: no waiting), a view
+        as in ``read`` (copying each key out of its stretch added measurable CPU to every
+        cold read); a read from offset 0 is counted as the key's first, as there."""
         if self.store.loading(key):
             return None  # its own fetch is in flight: wait for that one (``read``)
         url, start, length = key
         found = self.target_readahead.peek(url, start, start + length)
         if found is None:
             return None
-        data = bytes(found[0])
-        self.order.follows(url, start, start + length)  # a first read, as in ``read``
-        self.store.memory.put(key, data)
-        self._prefetch_hit(key, data, found[1])
-        return data
+        if first:
+            self.order.follows(url, start, start + length)
+            self._prefetch_hit(key, *found)
+        return found[0]
 
     def _prefetch_hit(self, key: BlockKey, data: Block, in_grid_blocks: bool) -> None:
         """A key served from a prefetched stretch for the first time."""

@@ -180,7 +180,7 @@ def test_keys_read_ahead_are_answered_on_the_loop_and_keep_the_readahead_going(t
             assert (r.status, got) == (200, data[i * chunk:(i + 1) * chunk]), i
             await asyncio.sleep(0.01)  # the client's own work: stretches arrive meanwhile
         first_pass = caller.calls
-        for i in range(n):  # again: every key is in memory now
+        for i in range(n):  # again: every key is in a stretch that has arrived
             r, got = await get("GET", f"/a/{i}")
             assert got == data[i * chunk:(i + 1) * chunk]
         stats = core.stats
