@@ -89,7 +89,8 @@ class RefReader:
 
     def settled(self, ref: Ref) -> bool:
         """Whether ``settle(ref)`` needs no I/O: nothing to find out, or its first read
-        would be a memory hit (then ``clipped`` already tells)."""
+        would be a memory hit (then ``clipped`` already tells) or would find all its bytes in
+        a stretch that has arrived (then it does not run past the end of its target)."""
         if not self.sizes.needs_settling(ref):
             return True
         if ref.length > self.whole_fetch_limit:
