@@ -420,6 +420,10 @@ class Fetcher:
             if getattr(cls, "async_impl", False):
                 if self._loop is not None:
                     options["asynchronous"] = True
+                    # Our own instance: ``aclose`` closes its session, and fsspec's cache
+                    # would hand the same one to every fetcher on this thread (each set of a
+                    # catalogue, each version of a set being reloaded).
+                    options["skip_instance_cache"] = True
                 else:
                     options.setdefault("asynchronous", False)
             fs = self._fs[key] = cls(**options)

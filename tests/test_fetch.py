@@ -147,3 +147,89 @@ def test_small_blocks_read_from_disk_do_not_keep_their_read_buffer(tmp_path):
             assert isinstance(got, bytes)
         elif disk.direct:
             assert isinstance(got, memoryview)
+
+
+class HeldBodyServer:
+    """aiohttp on loopback answering a Range GET of a ``size``-byte target (byte i is
+    i % 251) with a 206 whose body stops after ``first`` bytes until ``release`` is set
+    (at most 20 s), then sends the rest."""
+
+    def __init__(self, size: int, first: int) -> None:
+        self.size, self.first = size, first
+        self.release = threading.Event()
+        self.url = ""
+        self._ready = threading.Event()
+        self._stop: object = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def content(self, start: int, end: int) -> bytes:
+        return bytes(i % 251 for i in range(start, end))
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        import asyncio
+
+        first, last = request.headers["Range"].removeprefix("bytes=").split("-")
+        start, end = int(first), min(int(last) + 1, self.size)
+        resp = web.StreamResponse(status=206, headers={
+            "Content-Range": f"bytes {start}-{end - 1}/{self.size}", "Accept-Ranges": "bytes"})
+        resp.content_length = end - start
+        await resp.prepare(request)
+        body = self.content(start, end)
+        await resp.write(body[: self.first])
+        await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 20)
+        await resp.write(body[self.first :])
+        return resp
+
+    def _run(self) -> None:
+        import asyncio
+
+        async def serve() -> None:
+            app = web.Application()
+            app.router.add_get("/{name}", self._handle)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self.url = f"http://127.0.0.1:{runner.addresses[0][1]}/t.bin"
+            stop = asyncio.Event()
+            self._stop = (asyncio.get_running_loop(), stop)
+            self._ready.set()
+            await stop.wait()
+            await runner.cleanup()
+
+        asyncio.run(serve())
+
+    def __enter__(self) -> HeldBodyServer:
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release.set()
+        loop, stop = self._stop  # type: ignore[misc]
+        loop.call_soon_threadsafe(stop.set)
+        self._thread.join(10)
+
+
+def test_closing_one_fetcher_leaves_the_others_on_the_loop_reading(tmp_path):
+    """Each set of a catalogue (and each version of a set being reloaded) has a fetcher of
+    its own on the daemon's loop; closing one (its HTTP sessions) must not close the
+    session another one reads through."""
+    from refmount import guestloop
+
+    with HeldBodyServer(2**20, first=2**20) as server:
+        first, second = fetcher(tmp_path), fetcher(tmp_path)
+        got: list[bytes] = []
+
+        async def main() -> None:
+            got.append(await first.cat_range(server.url, 0, 100))
+            await first.aclose()
+            with trio.fail_after(10):
+                got.append(await second.cat_range(server.url, 100, 200))
+
+        def on_loop(loop: object) -> None:
+            first.bind_loop(loop)  # type: ignore[arg-type]
+            second.bind_loop(loop)  # type: ignore[arg-type]
+
+        guestloop.run(main, on_loop=on_loop, before_close=second.aclose)
+        assert got == [server.content(0, 100), server.content(100, 200)]
