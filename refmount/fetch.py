@@ -56,6 +56,11 @@ _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirecto
 # gives now, with their generation (a new one after each refresh).
 CredentialProvider = Callable[[Rule], Awaitable[tuple[int, dict[str, Any]]]]
 
+# Where the bytes of a range go as they arrive (``Fetcher.stream_range``): ``sink(at, piece)``
+# is bytes [at, at + len(piece)) from the start of the range, in order; a retry starts again
+# at 0. Called on trio's thread (from the host loop or from trio), never from another.
+Sink = Callable[[int, bytes], None]
+
 
 def mirror_down(e: BaseException) -> bool:
     """Whether a failed attempt says the mirror is down — no connection, a time-out, a 5xx,
@@ -120,7 +125,7 @@ def check_response(pin: Version | None, headers: Any, size: int | None) -> None:
 
 
 async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False,
-                     pin: Version | None = None) -> bytes:
+                     pin: Version | None = None, sink: Sink | None = None) -> bytes | int:
     """GET bytes [start, end) through fsspec's HTTP session, like its ``_cat_file``, but
     checking what came back: a 206 must carry exactly the Content-Range asked for (a
     proxy or server bug that shifts the range must never be served, or cached, as data),
@@ -131,7 +136,10 @@ async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False
     With ``pin``, the response must be that version of the target (its ETag, Last-Modified
     and the total size in its Content-Range), checked before any of its body is read; a
     strong pinned ETag is also sent as ``If-Match`` (a server answers 412 for another
-    version). Otherwise ``VersionChanged``."""
+    version). Otherwise ``VersionChanged``.
+
+    With ``sink``, the body goes to it as it arrives, once the headers have been checked
+    (never past the range asked for), and the number of its bytes is returned instead."""
     kw = fs.kwargs.copy()
     headers = kw.pop("headers", {}).copy()
     headers["Range"] = f"bytes={start}-{end - 1}"
@@ -188,7 +196,7 @@ async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False
         else:
             raise ShortRead(f"unexpected HTTP status {r.status} for a range request")
         # Never more than the range: an endless body (no length, or a lying one) is cut off.
-        return await read_bounded(r, int(got[2]) - start + 1 if r.status == 206 else end - start)
+        return await read_bounded(r, int(got[2]) - start + 1 if r.status == 206 else end - start, sink)
 
 
 async def http_version(fs: Any, url: str) -> Version:
@@ -226,17 +234,25 @@ async def http_version(fs: Any, url: str) -> Version:
     raise ValueError("the server tells no size for it (no Content-Length, no Content-Range)")
 
 
-async def read_bounded(r: Any, limit: int) -> bytes:
+async def read_bounded(r: Any, limit: int, sink: Sink | None = None) -> bytes | int:
     """The body of response ``r``, read piece by piece; ShortRead as soon as it is known to
-    be longer than ``limit`` bytes (at most ``limit + 1`` bytes are ever held)."""
+    be longer than ``limit`` bytes (at most ``limit + 1`` bytes are ever held). With
+    ``sink``, each piece goes there as it arrives (never past ``limit``) instead of being
+    joined, and the number of bytes is returned."""
     if r.content_length is not None and r.content_length > limit:
         raise ShortRead(f"response body of {r.content_length} bytes for a range of {limit}")
     pieces, got = [], 0
     while got <= limit and (piece := await r.content.read(min(limit + 1 - got, 2**22))):
-        pieces.append(piece)
+        if sink is not None:
+            if got < limit:
+                sink(got, piece if got + len(piece) <= limit else piece[: limit - got])
+        else:
+            pieces.append(piece)
         got += len(piece)
     if got > limit:
         raise ShortRead(f"response body longer than the {limit} bytes asked for: cut off")
+    if sink is not None:
+        return got
     return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
@@ -573,7 +589,9 @@ class Fetcher:
         one request when they are at most ``merge_gap`` apart: under load, the per-request
         work of the HTTP client is what limits small reads."""
         if upto or self._nursery is None or self.merge_gap < 0 or end - start >= self.merge_limit:
-            return await self._cat_range(url, start, end, upto)
+            data = await self._cat_range(url, start, end, upto)
+            assert isinstance(data, bytes)
+            return data
         wanted = _Wanted(start, end)
         queue = self._queued.get(url)
         if queue is None:
@@ -583,6 +601,17 @@ class Fetcher:
         data = await wanted.wait()  # if we are cancelled the request goes on for the others
         assert data is not None
         return data
+
+    async def stream_range(self, url: str, start: int, end: int, sink: Sink) -> int:
+        """``cat_range(url, start, end, upto=True)`` (readahead), the bytes going to ``sink``
+        as they arrive instead of being returned; how many there were. HTTP(S) targets read
+        on trio's thread stream their body; other backends give it in one piece once it is
+        all there. Readers can then take their part of a long request before its end."""
+        data = await self._cat_range(url, start, end, True, sink)
+        if isinstance(data, int):
+            return data
+        sink(0, data)
+        return len(data)
 
     async def _dispatch(self, url: str) -> None:
         await trio.lowlevel.checkpoint()  # let the other requests of this round queue up
@@ -605,6 +634,7 @@ class Fetcher:
         try:
             try:
                 data = await self._cat_range(url, lo, hi)
+                assert isinstance(data, bytes)
             except Exception as e:
                 if len(group) == 1 or (isinstance(e, FetchError) and e.timed_out):
                     raise
@@ -636,16 +666,20 @@ class Fetcher:
 
     async def _fetch_alone(self, url: str, w: _Wanted) -> None:
         try:
-            w.result = await self._cat_range(url, w.start, w.end)
+            data = await self._cat_range(url, w.start, w.end)
+            assert isinstance(data, bytes)
+            w.result = data
         except Exception as e:
             w.error = e
 
-    async def _cat_range(self, url: str, start: int, end: int, upto: bool = False) -> bytes:
+    async def _cat_range(self, url: str, start: int, end: int, upto: bool = False,
+                         sink: Sink | None = None) -> bytes | int:
+        """The bytes; with ``sink``, the number of bytes where they streamed to it."""
         rule = self.route(url).rule
         want = end - start
         pin = self.pins.check(url) if self.pins is not None else None
 
-        async def op(target: str) -> bytes:
+        async def op(target: str) -> bytes | int:
             fs, path = await self._open(rule, target)
             if pin is None:
                 return await plain_op(target, fs, path)
@@ -655,7 +689,7 @@ class Fetcher:
                 assert self.pins is not None
                 raise self.pins.refuse(url, str(e)) from None
 
-        async def pinned_op(target: str, fs: AbstractFileSystem, path: str, pin: Version) -> bytes:
+        async def pinned_op(target: str, fs: AbstractFileSystem, path: str, pin: Version) -> bytes | int:
             """The bytes of the pinned version only: checked on the response (HTTP), the
             descriptor (local files) or the object version (s3 with a version id); other
             stores are asked for the version before and after the read."""
@@ -668,12 +702,21 @@ class Fetcher:
             await self._same_version(target, fs, path, pin)
             return data
 
-        async def plain_op(target: str, fs: AbstractFileSystem, path: str, **version: Any) -> bytes:
+        async def plain_op(target: str, fs: AbstractFileSystem, path: str, **version: Any) -> bytes | int:
             if isinstance(fs, HTTPFileSystem):
                 reason = self.policy.problem(target, resolve=False)
                 if reason:
                     raise FetchError(target, reason, errno.EACCES)
-                data = await self._run(fs, http_range(fs, path, start, end, upto, pin))
+                # The body streams to ``sink`` only where it is read on trio's own thread.
+                streams = sink is not None and self._loop is not None and getattr(fs, "asynchronous", False)
+                data = await self._run(fs, http_range(fs, path, start, end, upto, pin,
+                                                      sink if streams else None))
+                if isinstance(data, int):  # streamed: checked as it came (http_range)
+                    if upto and not data:
+                        raise ValueError(f"nothing at {start}: past the end of the target")
+                    if data != want and not (upto and data < want):
+                        raise ShortRead(f"got {data} bytes, expected {want}")
+                    return data
             elif pin is not None and isinstance(fs, LocalFileSystem):
                 data = await self._call(target, fs, "cat_file", path, start=start, end=end, expect=pin)
             else:
@@ -715,12 +758,13 @@ class Fetcher:
                             "file): its targets cannot be read; serve them with a server that "
                             "supports ranges (nginx, Apache, an object store)", host)
             raise
+        got = data if isinstance(data, int) else len(data)
         self.stats.requests += 1
-        self.stats.bytes_fetched += len(data)
-        self.links.of(url).observe(len(data), trio.current_time() - began)
+        self.stats.bytes_fetched += got
+        self.links.of(url).observe(got, trio.current_time() - began)
         if log.isEnabledFor(logging.DEBUG):  # bench/diagnostics/inflight.py draws the timeline from these
             log.debug("request %s bytes %d-%d: %d bytes, began %.6f, took %.6f s",
-                      redact_url(url), start, end, len(data), began, trio.current_time() - began)
+                      redact_url(url), start, end, got, began, trio.current_time() - began)
         return data
 
     async def _same_version(self, url: str, fs: AbstractFileSystem, path: str, pin: Version) -> None:

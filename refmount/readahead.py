@@ -27,8 +27,10 @@ of each target fetched on demand; once consecutive ones follow each other (each 
 ``SLACK`` after the furthest one read so far, or a few ranges behind it when readers fetch
 several at once), it fetches the stretch of the target that follows, in requests of up to
 ``REQUEST_LIMIT``, with a window that doubles while the reader keeps up (up to
-``max_window``). Later ranges inside a prefetched stretch are served from it — or wait for
-it while it is in flight — instead of being requested one by one.
+``max_window``). Later ranges inside a prefetched stretch are served from it instead of
+being requested one by one; its bytes arrive as the fetcher streams them
+(``Fetcher.stream_range``), and a range waits only for its own bytes, not for the rest of a
+stretch in flight.
 
 Stretches after the first start and end on the target's ``grid`` (the block size), and
 each whole grid block of a stretch is handed to ``on_block`` (``GridBlocks`` writes it to the
@@ -43,6 +45,7 @@ stretches are kept first-in first-out within ``capacity`` bytes.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -53,9 +56,9 @@ import trio
 from .background import Background
 from .blockstore import BlockKey, Fetch, block_of
 from .cache import round_up
+from .fetch import Sink
 from .inflight import LinkEstimates
 from .lru import LRU
-from .singleflight import Flight
 from .stats import Stats
 
 log = logging.getLogger(__name__)
@@ -279,23 +282,93 @@ class _Run:
         self.waited = False  # a reader waited for a stretch in flight: the window is too small
 
 
-class _Stretch(Flight[bytes]):
-    """A prefetched stretch of a target: a flight readers inside it wait for (its result
-    is None while in flight, or after a failure)."""
+class _Stretch:
+    """A stretch of a target read ahead. Its bytes arrive in order, piece by piece, as the
+    fetcher streams them (``receive``); they stay in those pieces, which readers take views
+    of (``part``). A reader waits only for its own part to arrive (``reach``), not for the
+    whole stretch -- a request of up to ``REQUEST_LIMIT`` bytes, many times a chunk.
+    ``done`` is set when the fetch is over, ``ok`` when it brought every byte there is."""
 
-    __slots__ = ("blocks_from", "end", "start")
+    __slots__ = ("_at", "_moved", "_need", "_pieces", "_token", "arrived", "blocks_from", "done",
+                 "end", "ok", "start")
 
     def __init__(self, start: int, end: int, blocks_from: int) -> None:
-        super().__init__()
         self.start = start
         self.end = end
         self.blocks_from = blocks_from  # from here on the stretch is whole grid blocks
+        self.done = trio.Event()
+        self.ok = False
+        self.arrived = 0  # bytes from ``start`` that have arrived
+        self._pieces: list[bytes] = []
+        self._at: list[int] = []  # where each piece starts, from ``start``
+        self._moved: trio.Event | None = None  # set once ``_need`` bytes have arrived
+        self._need = 0
+        self._token: trio.lowlevel.TrioToken | None = None  # wakes readers from the host loop
+
+    def receive(self, at: int, piece: bytes) -> None:
+        """Bytes [at, at + len(piece)) of the stretch arrived (the fetcher's ``Sink``). A
+        request retried starts again at 0: what an earlier attempt brought is dropped, never
+        mixed with the new one's (readers already served keep theirs)."""
+        if at == 0 and self.arrived:
+            self._pieces, self._at, self.arrived = [], [], 0
+        if at != self.arrived or self.done.is_set() or not piece:
+            return
+        self._pieces.append(piece)
+        self._at.append(at)
+        self.arrived += len(piece)
+        if self._moved is not None and self.arrived >= self._need:
+            self._wake()
+
+    def settle(self, ok: bool) -> None:
+        """The fetch is over: with every byte (``ok``; ``end`` is where they end), or failed
+        (what arrived is dropped)."""
+        self.ok = ok
+        if not ok:
+            self._pieces, self._at, self.arrived = [], [], 0
+        self.done.set()
+        if self._moved is not None:
+            self._wake()
+
+    def _wake(self) -> None:
+        moved, self._moved = self._moved, None
+        assert moved is not None
+        if self._token is None or trio.lowlevel.in_trio_task():
+            moved.set()
+        else:  # from the host loop (the fetcher's sink)
+            with contextlib.suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(moved.set)
+
+    async def reach(self, end: int) -> None:
+        """Wait until the bytes of the stretch up to ``end`` have arrived, or it is over."""
+        while not self.done.is_set() and self.start + self.arrived < end:
+            if self._moved is None:
+                self._moved, self._need = trio.Event(), end - self.start
+            else:
+                self._need = min(self._need, end - self.start)
+            await self._moved.wait()
+
+    def part(self, start: int, end: int) -> memoryview | bytes | None:
+        """Bytes [start, end) of the target (inside the stretch) if they have arrived: a view
+        where one piece holds them (most chunks), else joined."""
+        lo, hi = start - self.start, end - self.start
+        if hi > self.arrived or hi <= lo:
+            return None if hi > lo else b""
+        at, pieces = self._at, self._pieces
+        i = bisect.bisect_right(at, lo) - 1
+        if hi <= at[i] + len(pieces[i]):
+            return memoryview(pieces[i])[lo - at[i] : hi - at[i]]
+        parts = []
+        while lo < hi:
+            parts.append(memoryview(pieces[i])[lo - at[i] : min(hi - at[i], len(pieces[i]))])
+            lo = at[i] + len(pieces[i])
+            i += 1
+        return b"".join(parts)
 
 
 class RangeFetcher(Protocol):
     """What TargetReadahead needs of the fetcher (a fake one in tests)."""
 
-    async def cat_range(self, url: str, start: int, end: int, *, upto: bool = False) -> bytes: ...
+    async def stream_range(self, url: str, start: int, end: int, sink: Sink) -> int: ...
 
 
 class TargetReadahead:
@@ -350,14 +423,15 @@ class TargetReadahead:
         if cover is None:
             return None
         for stretch in cover:
-            if stretch.result is None:
+            need = min(end, stretch.end)
+            if not stretch.done.is_set() and stretch.start + stretch.arrived < need:
                 if (run := self._runs.get(url)) is not None:
                     run.waited = True
-                await stretch.done.wait()
+                await stretch.reach(need)  # its part of the stretch, not all of it
         return self._join(cover, start, end)
 
     def peek(self, url: str, start: int, end: int) -> tuple[memoryview | bytes, bool] | None:
-        """``lookup`` without waiting: only stretches that have arrived."""
+        """``lookup`` without waiting: only bytes that have arrived."""
         cover = self._covering(url, start, end)
         return None if cover is None else self._join(cover, start, end)
 
@@ -382,10 +456,10 @@ class TargetReadahead:
     def _join(cover: list[_Stretch], start: int, end: int) -> tuple[memoryview | bytes, bool] | None:
         pieces = []
         for stretch in cover:
-            if stretch.result is None:
-                return None  # in flight, or it failed: fetch on our own
-            pieces.append(memoryview(stretch.result)[max(start, stretch.start) - stretch.start :
-                                                   min(end, stretch.end) - stretch.start])
+            piece = stretch.part(max(start, stretch.start), min(end, stretch.end))
+            if piece is None:
+                return None  # not arrived yet, or it failed: fetch on our own
+            pieces.append(piece)
         if sum(len(p) for p in pieces) < end - start:
             return None  # the target ended early
         return (pieces[0] if len(pieces) == 1 else b"".join(pieces)), cover[0].blocks_from <= start
@@ -462,29 +536,32 @@ class TargetReadahead:
         self._evict()
 
     async def _fetch(self, url: str, stretch: _Stretch, run: _Run) -> None:
+        ok = False
+        stretch._token = trio.lowlevel.current_trio_token()
         try:
-            data = await self.fetcher.cat_range(url, stretch.start, stretch.end, upto=True)
-            ended = len(data) < stretch.end - stretch.start
+            got = await self.fetcher.stream_range(url, stretch.start, stretch.end, stretch.receive)
+            ended = got < stretch.end - stretch.start
             if ended:  # the target ends here
                 run.stopped = True
                 if stretch in self._stretches.get(url, ()):
-                    self._size -= stretch.end - stretch.start - len(data)
-                stretch.end = stretch.start + len(data)
-            stretch.result = data
-            self.stats.prefetched += len(data)
+                    self._size -= stretch.end - stretch.start - got
+                stretch.end = stretch.start + got
+            self.stats.prefetched += got
+            ok = True
             if self.on_block is not None:
-                view = memoryview(data)
                 for pos in range(stretch.blocks_from, stretch.end, self.grid):
                     # Whole blocks only; the last one may end at the end of the target.
-                    piece = view[pos - stretch.start : pos - stretch.start + self.grid]
-                    if len(piece) == self.grid or ended:
-                        self.on_block(url, pos, piece)
+                    stop = min(pos + self.grid, stretch.end)
+                    if stop - pos == self.grid or ended:
+                        block = stretch.part(pos, stop)
+                        assert block is not None
+                        self.on_block(url, pos, memoryview(block))
         except Exception as e:  # failing (or starting past the end of the target): stop
             run.stopped = True
             self._drop(url, stretch)
             log.debug("readahead of %s bytes %d-%d stopped: %s", url, stretch.start, stretch.end, e)
         finally:
-            stretch.done.set()
+            stretch.settle(ok)
 
     def _drop(self, url: str, stretch: _Stretch) -> None:
         stretches = self._stretches.get(url)

@@ -69,7 +69,8 @@ class RefReader:
         # ones have block readahead of their own).
         self.target_readahead = TargetReadahead(
             fetcher, stats, capacity=min(max(2 * max_readahead, 16 * 2**20), memory.capacity),
-            max_window=max_readahead, grid=block_size, on_block=self.grid.to_disk,
+            max_window=max_readahead, grid=block_size,
+            on_block=self.grid.to_disk if disk_writer is not None else None,
             links=fetcher.links,
         )
         self.across_keys = AcrossKeys(self.target_readahead)

@@ -211,6 +211,44 @@ class HeldBodyServer:
         self._thread.join(10)
 
 
+def test_readers_of_a_stretch_get_their_part_before_the_rest_of_its_response(tmp_path):
+    """Readahead's stretch is one request of up to 8 MiB. Its body streams from the HTTP
+    client on the asyncio loop into the stretch, and a trio reader of a key at its start is
+    woken as soon as that key's bytes are in -- here while the server still holds back the
+    rest of the response."""
+    from refmount import guestloop
+    from refmount.readahead import TargetReadahead
+
+    chunk = 64 * 1024
+    with HeldBodyServer(32 * 2**20, first=2**20) as server:
+        f = fetcher(tmp_path)
+        got: dict[str, object] = {}
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                f.attach(nursery)
+                ra = TargetReadahead(f, Stats(), capacity=64 * 2**20, max_window=8 * 2**20,
+                                     grid=4 * 2**20, links=f.links)
+                for i in range(3):  # three keys in order, read on demand: a stretch follows
+                    ra.note(server.url, i * chunk, (i + 1) * chunk, nursery, miss=True)
+                s = 3 * chunk
+                with trio.fail_after(10):
+                    first = await ra.lookup(server.url, s, s + chunk)
+                got["held back while served"] = not server.release.is_set()
+                got["first"] = bytes(first[0]) if first is not None else None
+                server.release.set()
+                with trio.fail_after(10):
+                    late = await ra.lookup(server.url, s + 4 * 2**20, s + 4 * 2**20 + chunk)
+                got["late"] = bytes(late[0]) if late is not None else None
+                nursery.cancel_scope.cancel()
+
+        guestloop.run(main, on_loop=f.bind_loop, before_close=f.aclose)
+        s = 3 * chunk
+        assert got["first"] == server.content(s, s + chunk)
+        assert got["held back while served"]
+        assert got["late"] == server.content(s + 4 * 2**20, s + 4 * 2**20 + chunk)
+
+
 def test_closing_one_fetcher_leaves_the_others_on_the_loop_reading(tmp_path):
     """Each set of a catalogue (and each version of a set being reloaded) has a fetcher of
     its own on the daemon's loop; closing one (its HTTP sessions) must not close the

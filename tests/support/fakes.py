@@ -30,7 +30,21 @@ class NoPolicy:
         return None
 
 
-class FakeFetcher:
+class StreamsWhole:
+    """``stream_range`` (what readahead asks of a fetcher) from a fake's ``cat_range``: the
+    range in one piece once it is all there, as backends that do not stream give it."""
+
+    async def cat_range(self, url: str, start: int, end: int, *, upto: bool = False) -> bytes:
+        raise NotImplementedError
+
+    async def stream_range(self, url: str, start: int, end: int,
+                           sink: Callable[[int, bytes], None]) -> int:
+        data = await self.cat_range(url, start, end, upto=True)
+        sink(0, data)
+        return len(data)
+
+
+class FakeFetcher(StreamsWhole):
     """A target of ``size`` bytes answering after ``latency`` (virtual) seconds; records
     every request. ``fail`` (an exception) makes every request fail after ``latency``."""
 

@@ -8,6 +8,7 @@ import random
 import pytest
 import trio
 import trio.testing
+from support.fakes import StreamsWhole
 
 from refmount.inflight import LinkEstimate, LinkEstimates
 from refmount.readahead import TargetReadahead
@@ -56,7 +57,7 @@ def test_samples_and_hosts_are_bounded() -> None:
     assert len(links) <= links.MAX_HOSTS
 
 
-class Link:
+class Link(StreamsWhole):
     """A target behind a link: each request takes ``latency`` + its bytes / ``bandwidth``
     (virtual seconds) and is observed by ``links`` as the fetcher does. Records what is in
     flight."""

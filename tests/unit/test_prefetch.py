@@ -6,6 +6,7 @@ import random
 
 import trio
 import trio.testing
+from support.fakes import StreamsWhole
 
 from refmount.readahead import TargetReadahead
 from refmount.stats import Stats
@@ -14,7 +15,7 @@ MiB = 2**20
 URL = "http://example.invalid/data.bin"
 
 
-class SlowTarget:
+class SlowTarget(StreamsWhole):
     """cat_range after ``latency`` (virtual) seconds; records every request."""
 
     def __init__(self, size: int, latency: float = 0.02) -> None:
@@ -137,3 +138,143 @@ def test_readers_of_slices_of_one_target_fetch_its_bytes_about_once() -> None:
         reach = max(reach, e)
     assert covered == size
     assert fetched <= size * 5 // 4, (fetched / size, sum(misses))
+
+
+class StreamingTarget:
+    """A target whose body arrives in ``piece``-byte pieces, one every ``gap`` (virtual)
+    seconds after ``latency``, as an HTTP response's does; ``fail_at``: the first attempt
+    breaks off after that many bytes and the request is tried again (pieces from 0 anew)."""
+
+    def __init__(self, size: int, piece: int = 256 * 2**10, gap: float = 0.01,
+                 latency: float = 0.02, fail_at: int | None = None, fail_for_good: bool = False) -> None:
+        self.size, self.piece, self.gap, self.latency = size, piece, gap, latency
+        self.fail_at, self.fail_for_good = fail_at, fail_for_good
+        self.requests: list[tuple[int, int]] = []
+
+    def content(self, start: int, end: int, attempt: int) -> bytes:
+        return bytes((i + attempt) % 251 for i in range(start, end))
+
+    async def cat_range(self, url: str, start: int, end: int, *, upto: bool = False) -> bytes:
+        """The whole range at once, when its last piece has arrived."""
+        self.requests.append((start, end))
+        end = min(end, self.size)
+        await trio.sleep(self.latency + self.gap * -(-(end - start) // self.piece))
+        return self.content(start, end, 0)
+
+    async def stream_range(self, url: str, start: int, end: int, sink) -> int:  # type: ignore[no-untyped-def]
+        self.requests.append((start, end))
+        end = min(end, self.size)
+        for attempt in (0, 1):
+            await trio.sleep(self.latency)
+            for at in range(0, end - start, self.piece):
+                if attempt == 0 and self.fail_at is not None and at >= self.fail_at:
+                    break
+                await trio.sleep(self.gap)
+                hi = min(at + self.piece, end - start)
+                sink(at, self.content(start + at, start + hi, attempt))
+            else:
+                return end - start
+            if self.fail_for_good:
+                raise OSError("connection reset")
+        raise AssertionError("unreachable")
+
+
+async def stretch_of(target: StreamingTarget, chunk: int,
+                     nursery: trio.Nursery) -> tuple[TargetReadahead, int]:
+    """Three keys of ``chunk`` bytes read on demand in order: readahead fetches a stretch
+    from where they end. The stretch's start."""
+    ra = TargetReadahead(target, Stats(), capacity=64 * MiB, max_window=8 * MiB, grid=4 * MiB)  # type: ignore[arg-type]
+    for i in range(3):
+        ra.note(URL, i * chunk, (i + 1) * chunk, nursery, miss=True)
+    await trio.testing.wait_all_tasks_blocked()  # the stretch's task starts
+    assert target.requests, "readahead should have started a stretch"
+    return ra, target.requests[0][0]
+
+
+def test_a_reader_takes_its_part_of_a_stretch_as_it_arrives() -> None:
+    # A stretch is one request of up to 8 MiB; behind a slow link its body takes long to
+    # arrive. A key at its start is served once its own bytes are there, not at the end.
+    chunk = 64 * 2**10
+    target = StreamingTarget(64 * MiB)  # 256 KiB every 10 ms: 8 MiB in 320 ms
+    seen: dict[str, tuple[float, bytes]] = {}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            ra, s = await stretch_of(target, chunk, nursery)
+            began = trio.current_time()
+
+            async def read(name: str, start: int, end: int) -> None:
+                found = await ra.lookup(URL, start, end)
+                assert found is not None
+                seen[name] = (trio.current_time() - began, bytes(found[0]))
+
+            nursery.start_soon(read, "first", s, s + chunk)
+            # across the boundary of two pieces: joined from both
+            nursery.start_soon(read, "straddling", s + 256 * 2**10 - 100, s + 256 * 2**10 - 100 + chunk)
+            nursery.start_soon(read, "late", s + 4 * MiB, s + 4 * MiB + chunk)
+            await trio.sleep(5)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    for name, (_, data) in seen.items():
+        assert len(data) == chunk, name
+    s = target.requests[0][0]
+    assert seen["first"][1] == target.content(s, s + chunk, 0)
+    assert seen["straddling"][1] == target.content(s + 256 * 2**10 - 100, s + 256 * 2**10 - 100 + chunk, 0)
+    assert seen["first"][0] <= 0.035, seen["first"][0]  # latency + one piece, not 8 MiB
+    assert seen["straddling"][0] <= 0.045, seen["straddling"][0]
+    assert 0.17 <= seen["late"][0] <= 0.2, seen["late"][0]  # 4 MiB in: half the stretch
+
+
+def test_a_retried_stretch_never_mixes_bytes_of_two_attempts() -> None:
+    # The first attempt breaks off after 1 MiB; the retry starts again at 0 with bytes that
+    # differ (another mirror, a changed object): every key read comes whole from one attempt.
+    chunk = 64 * 2**10
+    target = StreamingTarget(64 * MiB, fail_at=MiB)
+    got: list[tuple[int, bytes]] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            ra, s = await stretch_of(target, chunk, nursery)
+
+            async def read(off: int) -> None:
+                found = await ra.lookup(URL, s + off, s + off + chunk)
+                assert found is not None
+                got.append((off, bytes(found[0])))
+
+            for off in range(0, 2 * MiB, chunk):
+                nursery.start_soon(read, off)
+            await trio.sleep(5)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    s = target.requests[0][0]
+    assert len(got) == 32
+    attempts = {off: [a for a in (0, 1) if data == target.content(s + off, s + off + chunk, a)]
+                for off, data in got}
+    assert all(len(a) == 1 for a in attempts.values()), attempts
+    # keys past where the first attempt broke off come from the retry
+    assert all(attempts[off] == [1] for off in range(MiB, 2 * MiB, chunk))
+
+
+def test_a_stretch_that_fails_leaves_its_readers_to_fetch_on_their_own() -> None:
+    chunk = 64 * 2**10
+    target = StreamingTarget(64 * MiB, fail_at=MiB, fail_for_good=True)
+    results: dict[int, object] = {}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            ra, s = await stretch_of(target, chunk, nursery)
+
+            async def read(off: int) -> None:
+                results[off] = await ra.lookup(URL, s + off, s + off + chunk)
+
+            nursery.start_soon(read, 0)  # arrives before the failure
+            nursery.start_soon(read, 2 * MiB)  # never arrives
+            await trio.sleep(5)
+            assert ra.peek(URL, s, s + chunk) is None  # the failed stretch is gone
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert results[0] is not None
+    assert results[2 * MiB] is None

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from support.fakes import FakeLoader
+from support.fakes import FakeLoader, StreamsWhole
 
 from refmount.readahead import (
     SLACK,
@@ -128,7 +128,7 @@ def test_grid_readahead_is_bounded_in_targets() -> None:
     assert len(ra) == 50
 
 
-class Target:
+class Target(StreamsWhole):
     def __init__(self, size: int) -> None:
         self.size = size
         self.requests: list[tuple[int, int]] = []
@@ -181,7 +181,7 @@ CHUNK = 256 * 1024
 MAX_AHEAD = 4 * MiB
 
 
-class Recorder(FakeLoader):
+class Recorder(FakeLoader, StreamsWhole):
     """The loader the policies ask (HandleReadahead, GridReadahead) and the target
     TargetReadahead fetches from: every range asked for, as bytes of the target."""
 
