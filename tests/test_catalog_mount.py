@@ -92,6 +92,25 @@ def test_catalogue_root_opens_nothing_and_sets_read_as_their_originals(mount, ca
     assert os.getxattr(m.path / "nc4", "user.refmount.set.state") == b"open"
 
 
+def test_sets_over_http_keep_reading_when_another_set_closes(mount, http_datasets, tmp_path) -> None:
+    """Each set has a core of its own; closing one (here the least recently used, at
+    ``max_open_sets=1``) must leave the HTTP client of the others open."""
+    cat = tmp_path / "cat"
+    cat.mkdir()
+    shutil.copy(http_datasets.refs["nc4_http"], cat / "nc4.json")
+    shutil.copy(http_datasets.refs["nc3_http"], cat / "nc3.json")
+    m = mount(cat, "catalog", "max_open_sets=1")
+    with xr.open_dataset(http_datasets.nc4) as original, \
+            xr.open_zarr(str(m.path / "nc4"), consolidated=False) as mounted:
+        xr.testing.assert_identical(original.load(), mounted.load())
+    assert os.listdir(m.path / "nc3")  # opens nc3, which closes nc4
+    assert wait_for(lambda: set_state(m, "nc4").get("state") == "closed", 10), stats(m)
+    with xr.open_dataset(http_datasets.nc3) as original, \
+            xr.open_zarr(str(m.path / "nc3"), consolidated=False) as mounted:
+        for name in original.data_vars:
+            np.testing.assert_array_equal(original[name].values, mounted[name].values)
+
+
 def lazy_zarr_parquet_arrays(catalogue: Path) -> dict[str, np.ndarray]:
     """The arrays the Parquet set holds, made again the same way (seeded) elsewhere."""
     import tempfile
