@@ -77,6 +77,8 @@ class ServerStats:
     http_aborted: int = 0  # responses cut off after their headers (target failed, client slow)
     http_connections: int = 0  # open now
     http_refused: int = 0  # connections over max_clients, answered 503
+    http_planned_in_trio: int = 0  # requests that needed a call into trio (I/O) before their headers
+    http_waited_on_loop: int = 0  # requests that waited for bytes read ahead without one
 
     def count(self, status: int) -> None:
         key = str(status)
@@ -125,7 +127,12 @@ class Router(Protocol):
 
 class _NeedsTrio(Exception):
     """The answer needs I/O or waiting (a lookup that may load, a size to measure, bytes
-    not in memory, a decoded chunk): it is planned in trio."""
+    not in memory, a decoded chunk): it is planned in trio. ``ref``: a key whose bytes may
+    be coming in a stretch read ahead (waited for on the loop first)."""
+
+    def __init__(self, ref: Ref | None = None) -> None:
+        super().__init__()
+        self.ref = ref
 
 
 def _split_path(raw: str) -> list[bytes]:
@@ -245,11 +252,18 @@ class HttpFrontEnd:
         method = request.method
         try:  # answered here when no I/O is needed (a HEAD, a 304, a 404, bytes in memory)
             plan = self._plan_now(parts, method, conditions)
-        except _NeedsTrio:
-            try:  # one call into trio: the lookup and, for a GET, the first piece of the body
-                plan = await self.caller.call(self._plan, parts, method, conditions)
-            except ReadError as e:
-                return self._failed(b"/".join(parts).decode(errors="replace"), e, headers)
+        except _NeedsTrio as needs:
+            try:  # bytes coming in a stretch read ahead: waited for here, then answered here
+                if needs.ref is None or not await self._arrived(needs.ref):
+                    raise
+                plan = self._plan_now(parts, method, conditions)
+                self.stats.http_waited_on_loop += 1
+            except _NeedsTrio:
+                self.stats.http_planned_in_trio += 1
+                try:  # one call into trio: the lookup and, for a GET, the first piece of the body
+                    plan = await self.caller.call(self._plan, parts, method, conditions)
+                except ReadError as e:
+                    return self._failed(b"/".join(parts).decode(errors="replace"), e, headers)
         if plan is None:
             return self._plain(404, headers, "no such key")
         found = plan.found
@@ -510,15 +524,29 @@ class HttpFrontEnd:
         get = method == "GET"
         if get and found.ref is not None and found.ref.kind is RefKind.RANGE:
             if not self.core.reader.settled(found.ref):
-                raise _NeedsTrio
+                raise _NeedsTrio(found.ref)
             found.size = self._settled_size(found.ref)
         plan = self._decide(found, method, conditions)
         if get and plan.status in (200, 206) and plan.start < plan.stop:
             first = self._read_now(found, plan.start, min(plan.stop - plan.start, READ_PIECE))
             if first is None:
-                raise _NeedsTrio
+                raise _NeedsTrio(found.ref if found.array is None else None)
             plan.first = first
         return plan
+
+    async def _arrived(self, ref: Ref) -> bool:
+        """Wait on the loop for the bytes of ``ref`` that a stretch read ahead is bringing
+        (True once they are in, or the stretch is over); False at once when none is."""
+        arrived = asyncio.get_running_loop().create_future()
+
+        def call() -> None:
+            if not arrived.done():
+                arrived.set_result(None)
+
+        if not self.core.reader.when_arrived(ref, call):
+            return False
+        await arrived
+        return True
 
     async def _settle(self, ref: Ref) -> int:
         await self.core.reader.settle(ref)

@@ -289,8 +289,8 @@ class _Stretch:
     whole stretch -- a request of up to ``REQUEST_LIMIT`` bytes, many times a chunk.
     ``done`` is set when the fetch is over, ``ok`` when it brought every byte there is."""
 
-    __slots__ = ("_at", "_moved", "_need", "_pieces", "_token", "arrived", "blocks_from", "done",
-                 "end", "ok", "start")
+    __slots__ = ("_at", "_callbacks", "_moved", "_need", "_pieces", "_token", "arrived", "blocks_from",
+                 "done", "end", "ok", "start")
 
     def __init__(self, start: int, end: int, blocks_from: int) -> None:
         self.start = start
@@ -304,6 +304,7 @@ class _Stretch:
         self._moved: trio.Event | None = None  # set once ``_need`` bytes have arrived
         self._need = 0
         self._token: trio.lowlevel.TrioToken | None = None  # wakes readers from the host loop
+        self._callbacks: list[tuple[int, Callable[[], None]]] = []  # (need, call) off trio
 
     def receive(self, at: int, piece: bytes) -> None:
         """Bytes [at, at + len(piece)) of the stretch arrived (the fetcher's ``Sink``). A
@@ -318,6 +319,8 @@ class _Stretch:
         self.arrived += len(piece)
         if self._moved is not None and self.arrived >= self._need:
             self._wake()
+        if self._callbacks:
+            self._call_back()
 
     def settle(self, ok: bool) -> None:
         """The fetch is over: with every byte (``ok``; ``end`` is where they end), or failed
@@ -328,6 +331,8 @@ class _Stretch:
         self.done.set()
         if self._moved is not None:
             self._wake()
+        if self._callbacks:
+            self._call_back()
 
     def _wake(self) -> None:
         moved, self._moved = self._moved, None
@@ -337,6 +342,22 @@ class _Stretch:
         else:  # from the host loop (the fetcher's sink)
             with contextlib.suppress(trio.RunFinishedError):
                 self._token.run_sync_soon(moved.set)
+
+    def when_arrived(self, end: int, call: Callable[[], None]) -> bool:
+        """``call()`` (on this thread, from the host loop or trio) once the bytes up to
+        ``end`` have arrived or the stretch is over -- unless that is already so (False)."""
+        if self.done.is_set() or self.start + self.arrived >= end:
+            return False
+        self._callbacks.append((end - self.start, call))
+        return True
+
+    def _call_back(self) -> None:
+        ready = [call for need, call in self._callbacks if need <= self.arrived or self.done.is_set()]
+        if ready:
+            self._callbacks = [(need, call) for need, call in self._callbacks
+                               if need > self.arrived and not self.done.is_set()]
+            for call in ready:
+                call()
 
     async def reach(self, end: int) -> None:
         """Wait until the bytes of the stretch up to ``end`` have arrived, or it is over."""
@@ -429,6 +450,21 @@ class TargetReadahead:
                     run.waited = True
                 await stretch.reach(need)  # its part of the stretch, not all of it
         return self._join(cover, start, end)
+
+    def when_arrived(self, url: str, start: int, end: int, call: Callable[[], None]) -> bool:
+        """For a reader that does not wait in trio (the HTTP front end's handlers on the host
+        loop): when stretches in flight cover [start, end) but its bytes have not all
+        arrived, ``call()`` once they have (or the stretch is over) and True; else False
+        (look with ``peek``, or fetch)."""
+        cover = self._covering(url, start, end)
+        if cover is None:
+            return False
+        for stretch in cover:
+            if stretch.when_arrived(min(end, stretch.end), call):
+                if (run := self._runs.get(url)) is not None:
+                    run.waited = True
+                return True
+        return False
 
     def peek(self, url: str, start: int, end: int) -> tuple[memoryview | bytes, bool] | None:
         """``lookup`` without waiting: only bytes that have arrived."""

@@ -16,7 +16,7 @@ needs and tells the readahead policies about it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -98,6 +98,17 @@ class RefReader:
             return False
         key = tuple.__new__(BlockKey, (ref.url, ref.offset, ref.length))
         return self.store.cached(key) is not None or self._from_stretch_now(key, first=False) is not None
+
+    def when_arrived(self, ref: Ref, call: Callable[[], None]) -> bool:
+        """For a caller outside trio whose ``settled``/``read_now`` said no: when the key's
+        bytes are coming in a stretch read ahead (not loaded on their own), ``call()`` once
+        they are there, and True; False when waiting would not help (ask trio)."""
+        if ref.kind is not RefKind.RANGE or ref.url is None or not 0 < ref.length <= self.whole_fetch_limit:
+            return False
+        key = tuple.__new__(BlockKey, (ref.url, ref.offset, ref.length))
+        if self.store.loading(key):
+            return False
+        return self.target_readahead.when_arrived(ref.url, ref.offset, ref.offset + ref.length, call)
 
     async def size(self, ref: Ref) -> int:
         return await self.sizes.length(ref)

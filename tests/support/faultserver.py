@@ -30,7 +30,8 @@
                    gzip file served as a gzip-encoded transfer of what it holds; a bomb stays
                    a few bytes on disk); with ``methods=("GET", "HEAD")`` HEAD says so too
 
-  Faults apply to ``GET`` unless ``methods`` says otherwise.
+  Faults apply to ``GET`` unless ``methods`` says otherwise, and with ``min_bytes`` only to a
+  request whose ``Range: bytes=a-b`` asks for at least that many bytes (others pass it by).
 * Every request is recorded (:class:`Request`: time, method, path, query, headers, status,
   fault); ``count(path)`` counts them per path.
 * ``require_bearer(lifetime)`` makes every path but ``TOKEN_PATH`` answer ``401`` unless the
@@ -78,6 +79,7 @@ class Fault:
     seconds: float = 30.0  # length of "stall" / "stall_body"
     encoding: str = "gzip"  # the Content-Encoding of "encoded"
     methods: tuple[str, ...] = ("GET",)
+    min_bytes: int = 0  # only requests asking for a range at least this long
     used: int = 0
 
     def __post_init__(self) -> None:
@@ -171,7 +173,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(rec, 401, {"Content-Type": "text/plain", "WWW-Authenticate": "Bearer",
                                   "Content-Length": str(len(body))}, body, head)
             return
-        fault = srv._take_fault(path, self.command)
+        asked = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range", "").strip())
+        fault = srv._take_fault(path, self.command, int(asked[2]) - int(asked[1]) + 1 if asked else None)
         rec.fault = fault.kind if fault else None
         srv._record(rec)
 
@@ -400,10 +403,12 @@ class FaultServer:
             else:
                 self._faults.pop(self._key(path), None)
 
-    def _take_fault(self, path: str, method: str) -> Fault | None:
+    def _take_fault(self, path: str, method: str, asked: int | None = None) -> Fault | None:
         with self._lock:
             for f in self._faults.get(path, []):
                 if f.exhausted or method not in f.methods:
+                    continue
+                if f.min_bytes and (asked is None or asked < f.min_bytes):
                     continue
                 f.used += 1
                 return f

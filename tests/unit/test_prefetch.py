@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import trio
 import trio.testing
@@ -278,3 +279,35 @@ def test_a_stretch_that_fails_leaves_its_readers_to_fetch_on_their_own() -> None
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert results[0] is not None
     assert results[2 * MiB] is None
+
+
+def test_a_caller_outside_trio_is_called_back_when_its_part_has_arrived() -> None:
+    # The HTTP front end's handlers run on the host loop: they wait for a key's part of a
+    # stretch through a callback, not in trio.
+    chunk = 64 * 2**10
+    target = StreamingTarget(64 * MiB)  # 256 KiB every 10 ms after 20 ms
+    called: dict[str, float] = {}
+    answers: dict[str, bool] = {}
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            ra, s = await stretch_of(target, chunk, nursery)
+            began = trio.current_time()
+
+            def call(name: str) -> Callable[[], None]:
+                return lambda: called.setdefault(name, trio.current_time() - began)
+
+            answers["early"] = ra.when_arrived(URL, s, s + chunk, call("early"))
+            answers["mid"] = ra.when_arrived(URL, s + 2 * MiB, s + 2 * MiB + chunk, call("mid"))
+            answers["elsewhere"] = ra.when_arrived(URL, 40 * MiB, 40 * MiB + chunk, call("elsewhere"))
+            assert ra.peek(URL, s, s + chunk) is None  # not there yet
+            await trio.sleep(1)
+            assert ra.peek(URL, s, s + chunk) is not None
+            answers["arrived"] = ra.when_arrived(URL, s, s + chunk, call("arrived"))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert answers == {"early": True, "mid": True, "elsewhere": False, "arrived": False}
+    assert set(called) == {"early", "mid"}
+    assert called["early"] <= 0.035, called
+    assert 0.09 <= called["mid"] <= 0.12, called  # 2 MiB in: nine pieces
