@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Self
 
 import pytest
 import trio
@@ -52,17 +53,61 @@ def test_a_bad_range_merged_with_good_ones_fails_alone(tmp_path):
     assert isinstance(got["past the end"], FetchError)
 
 
-class RangeIgnoringServer:
-    """aiohttp on loopback answering every GET with 200 and a chunked body of ``size``
-    bytes (no Content-Length, Range ignored); counts the bytes it managed to send."""
+class LoopbackServer:
+    """An aiohttp server on loopback, in a thread of its own, answering ``GET /{name}`` with
+    ``_handle``; ``url`` names ``path`` on it. A context manager."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.sent = 0
+    path = "t.bin"
+
+    def __init__(self) -> None:
         self.url = ""
         self._ready = threading.Event()
         self._stop: object = None
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        import asyncio
+
+        async def serve() -> None:
+            app = web.Application()
+            app.router.add_get("/{name}", self._handle)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self.url = f"http://127.0.0.1:{runner.addresses[0][1]}/{self.path}"
+            stop = asyncio.Event()
+            self._stop = (asyncio.get_running_loop(), stop)
+            self._ready.set()
+            await stop.wait()
+            await runner.cleanup()
+
+        asyncio.run(serve())
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        loop, stop = self._stop  # type: ignore[misc]
+        loop.call_soon_threadsafe(stop.set)
+        self._thread.join(10)
+
+
+class RangeIgnoringServer(LoopbackServer):
+    """Answers every GET with 200 and a chunked body of ``size`` bytes (no Content-Length,
+    Range ignored); counts the bytes it managed to send."""
+
+    path = "big.bin"
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+        self.sent = 0
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(status=200)
@@ -76,36 +121,6 @@ class RangeIgnoringServer:
         except (ConnectionError, RuntimeError):
             pass  # the client went away
         return resp
-
-    def _run(self) -> None:
-        import asyncio
-
-        async def serve() -> None:
-            app = web.Application()
-            app.router.add_get("/{name}", self._handle)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            port = runner.addresses[0][1]
-            self.url = f"http://127.0.0.1:{port}/big.bin"
-            stop = asyncio.Event()
-            self._stop = (asyncio.get_running_loop(), stop)
-            self._ready.set()
-            await stop.wait()
-            await runner.cleanup()
-
-        asyncio.run(serve())
-
-    def __enter__(self) -> RangeIgnoringServer:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        loop, stop = self._stop  # type: ignore[misc]
-        loop.call_soon_threadsafe(stop.set)
-        self._thread.join(10)
 
 
 def test_a_server_ignoring_range_is_not_downloaded_whole():
@@ -149,18 +164,15 @@ def test_small_blocks_read_from_disk_do_not_keep_their_read_buffer(tmp_path):
             assert isinstance(got, memoryview)
 
 
-class HeldBodyServer:
-    """aiohttp on loopback answering a Range GET of a ``size``-byte target (byte i is
-    i % 251) with a 206 whose body stops after ``first`` bytes until ``release`` is set
-    (at most 20 s), then sends the rest."""
+class HeldBodyServer(LoopbackServer):
+    """Answers a Range GET of a ``size``-byte target (byte i is i % 251) with a 206 whose
+    body stops after ``first`` bytes until ``release`` is set (at most 20 s), then sends the
+    rest."""
 
     def __init__(self, size: int, first: int) -> None:
+        super().__init__()
         self.size, self.first = size, first
         self.release = threading.Event()
-        self.url = ""
-        self._ready = threading.Event()
-        self._stop: object = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def content(self, start: int, end: int) -> bytes:
         return bytes(i % 251 for i in range(start, end))
@@ -180,35 +192,9 @@ class HeldBodyServer:
         await resp.write(body[self.first :])
         return resp
 
-    def _run(self) -> None:
-        import asyncio
-
-        async def serve() -> None:
-            app = web.Application()
-            app.router.add_get("/{name}", self._handle)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            self.url = f"http://127.0.0.1:{runner.addresses[0][1]}/t.bin"
-            stop = asyncio.Event()
-            self._stop = (asyncio.get_running_loop(), stop)
-            self._ready.set()
-            await stop.wait()
-            await runner.cleanup()
-
-        asyncio.run(serve())
-
-    def __enter__(self) -> HeldBodyServer:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
     def __exit__(self, *exc: object) -> None:
         self.release.set()
-        loop, stop = self._stop  # type: ignore[misc]
-        loop.call_soon_threadsafe(stop.set)
-        self._thread.join(10)
+        super().__exit__(*exc)
 
 
 def test_readers_of_a_stretch_get_their_part_before_the_rest_of_its_response(tmp_path):
