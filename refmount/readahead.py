@@ -285,26 +285,21 @@ class _Run:
 class _Stretch:
     """A stretch of a target read ahead. Its bytes arrive in order, piece by piece, as the
     fetcher streams them (``receive``); they stay in those pieces, which readers take views
-    of (``part``). A reader waits only for its own part to arrive (``reach``), not for the
-    whole stretch -- a request of up to ``REQUEST_LIMIT`` bytes, many times a chunk.
-    ``done`` is set when the fetch is over, ``ok`` when it brought every byte there is."""
+    of (``part``). A reader waits only for its own part to arrive (``reach`` in trio,
+    ``when_arrived`` elsewhere), not for the whole stretch -- a request of up to
+    ``REQUEST_LIMIT`` bytes, many times a chunk. ``done`` is set when the fetch is over."""
 
-    __slots__ = ("_at", "_callbacks", "_moved", "_need", "_pieces", "_token", "arrived", "blocks_from",
-                 "done", "end", "ok", "start")
+    __slots__ = ("_at", "_callbacks", "_pieces", "arrived", "blocks_from", "done", "end", "start")
 
     def __init__(self, start: int, end: int, blocks_from: int) -> None:
         self.start = start
         self.end = end
         self.blocks_from = blocks_from  # from here on the stretch is whole grid blocks
         self.done = trio.Event()
-        self.ok = False
         self.arrived = 0  # bytes from ``start`` that have arrived
         self._pieces: list[bytes] = []
         self._at: list[int] = []  # where each piece starts, from ``start``
-        self._moved: trio.Event | None = None  # set once ``_need`` bytes have arrived
-        self._need = 0
-        self._token: trio.lowlevel.TrioToken | None = None  # wakes readers from the host loop
-        self._callbacks: list[tuple[int, Callable[[], None]]] = []  # (need, call) off trio
+        self._callbacks: list[tuple[int, Callable[[], None]]] = []  # (bytes needed, call)
 
     def receive(self, at: int, piece: bytes) -> None:
         """Bytes [at, at + len(piece)) of the stretch arrived (the fetcher's ``Sink``). A
@@ -317,31 +312,17 @@ class _Stretch:
         self._pieces.append(piece)
         self._at.append(at)
         self.arrived += len(piece)
-        if self._moved is not None and self.arrived >= self._need:
-            self._wake()
         if self._callbacks:
             self._call_back()
 
     def settle(self, ok: bool) -> None:
         """The fetch is over: with every byte (``ok``; ``end`` is where they end), or failed
         (what arrived is dropped)."""
-        self.ok = ok
         if not ok:
             self._pieces, self._at, self.arrived = [], [], 0
         self.done.set()
-        if self._moved is not None:
-            self._wake()
         if self._callbacks:
             self._call_back()
-
-    def _wake(self) -> None:
-        moved, self._moved = self._moved, None
-        assert moved is not None
-        if self._token is None or trio.lowlevel.in_trio_task():
-            moved.set()
-        else:  # from the host loop (the fetcher's sink)
-            with contextlib.suppress(trio.RunFinishedError):
-                self._token.run_sync_soon(moved.set)
 
     def when_arrived(self, end: int, call: Callable[[], None]) -> bool:
         """``call()`` (on this thread, from the host loop or trio) once the bytes up to
@@ -360,13 +341,21 @@ class _Stretch:
                 call()
 
     async def reach(self, end: int) -> None:
-        """Wait until the bytes of the stretch up to ``end`` have arrived, or it is over."""
-        while not self.done.is_set() and self.start + self.arrived < end:
-            if self._moved is None:
-                self._moved, self._need = trio.Event(), end - self.start
+        """In trio: wait until the bytes of the stretch up to ``end`` have arrived, or it is
+        over. Woken directly from trio, through trio's token from the host loop (where the
+        fetcher's sink runs)."""
+        moved = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+
+        def wake() -> None:
+            if trio.lowlevel.in_trio_task():
+                moved.set()
             else:
-                self._need = min(self._need, end - self.start)
-            await self._moved.wait()
+                with contextlib.suppress(trio.RunFinishedError):
+                    token.run_sync_soon(moved.set)
+
+        if self.when_arrived(end, wake):
+            await moved.wait()
 
     def part(self, start: int, end: int) -> memoryview | bytes | None:
         """Bytes [start, end) of the target (inside the stretch) if they have arrived: a view
@@ -573,7 +562,6 @@ class TargetReadahead:
 
     async def _fetch(self, url: str, stretch: _Stretch, run: _Run) -> None:
         ok = False
-        stretch._token = trio.lowlevel.current_trio_token()
         try:
             got = await self.fetcher.stream_range(url, stretch.start, stretch.end, stretch.receive)
             ended = got < stretch.end - stretch.start
