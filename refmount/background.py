@@ -18,7 +18,17 @@ from typing import Any
 
 import trio
 
-__all__ = ["Background"]
+__all__ = ["Background", "soon_in_trio"]
+
+
+def soon_in_trio(token: trio.lowlevel.TrioToken | None, fn: Callable[..., object], *args: Any) -> None:
+    """``fn(*args)`` in trio: at once from a trio task (or without a token: outside trio),
+    otherwise through ``token`` from the host loop's thread; dropped once trio has finished."""
+    if token is None or trio.lowlevel.in_trio_task():
+        fn(*args)
+        return
+    with contextlib.suppress(trio.RunFinishedError):  # stopping: nothing more runs
+        token.run_sync_soon(fn, *args)
 
 
 class Background:
@@ -36,9 +46,8 @@ class Background:
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         if self._token is None or trio.lowlevel.in_trio_task():
             self._nursery.start_soon(fn, *args)
-            return
-        with contextlib.suppress(trio.RunFinishedError):  # stopping: nothing more starts
-            self._token.run_sync_soon(self._start, fn, args)
+        else:
+            soon_in_trio(self._token, self._start, fn, args)
 
     def _start(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
         # In trio, outside any task: an exception here would end the whole run.

@@ -45,7 +45,7 @@ stretches are kept first-in first-out within ``capacity`` bytes.
 from __future__ import annotations
 
 import bisect
-import contextlib
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -53,7 +53,7 @@ from typing import NamedTuple, Protocol, TypeVar
 
 import trio
 
-from .background import Background
+from .background import Background, soon_in_trio
 from .blockstore import BlockKey, Fetch, block_of
 from .cache import round_up
 from .fetch import Sink
@@ -345,16 +345,8 @@ class _Stretch:
         over. Woken directly from trio, through trio's token from the host loop (where the
         fetcher's sink runs)."""
         moved = trio.Event()
-        token = trio.lowlevel.current_trio_token()
-
-        def wake() -> None:
-            if trio.lowlevel.in_trio_task():
-                moved.set()
-            else:
-                with contextlib.suppress(trio.RunFinishedError):
-                    token.run_sync_soon(moved.set)
-
-        if self.when_arrived(end, wake):
+        if self.when_arrived(end, functools.partial(soon_in_trio, trio.lowlevel.current_trio_token(),
+                                                    moved.set)):
             await moved.wait()
 
     def part(self, start: int, end: int) -> memoryview | bytes | None:
