@@ -5,5 +5,5 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bash scripts/setup.sh
+bash scripts/setup.sh --demo
 exec .venv/bin/python scripts/demo.py "$@"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Idempotent set-up of a fresh Debian 12 machine for refmount:
-#   - system packages (FUSE 3, build deps for pyfuse3, test tools) via apt,
+#   - system packages (FUSE 3, build deps for pyfuse3, the clients the tests read with) via apt,
 #     only when some are missing;
 #   - a virtualenv at .venv;
 #   - `pip install -e '.[test]'`, skipped when pyproject.toml is unchanged since the last run.
 #
-# Usage: scripts/setup.sh [--bench]
+# Usage: scripts/setup.sh [--demo | --bench]
+#   --demo   only what scripts/demo.sh uses: FUSE 3, ncdump and '.[demo]' (netCDF4, h5py,
+#            kerchunk, xarray); none of the test suite's clients (GDAL, CDO, NCO, Chromium)
 #   --bench  also install what the benchmarks (bench/, python -m bench) need: their fsspec FUSE
 #            peer (Debian libfuse2 + PyPI fusepy, used by fsspec.fuse), the load generators of
 #            the serve workload (wrk, ab) and its Python peers ('.[bench]': xpublish, hypercorn).
@@ -14,11 +16,13 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 BENCH=0
+PROFILE=test
 for arg in "$@"; do
     case "$arg" in
         --bench) BENCH=1 ;;
+        --demo) PROFILE=demo ;;
         -h | --help)
-            sed -n '2,11p' "$0"
+            sed -n '2,13p' "$0"
             exit 0
             ;;
         *)
@@ -33,16 +37,24 @@ say() { printf 'setup: %s\n' "$*"; }
 # shellcheck source=lib/apt.sh
 . scripts/lib/apt.sh
 
+if [ "$BENCH" -eq 1 ] && [ "$PROFILE" = demo ]; then
+    echo "setup: --demo and --bench exclude each other" >&2
+    exit 2
+fi
+
 # fuse3/libfuse3-dev/pkg-config/gcc/python3-dev: pyfuse3 is an sdist built against libfuse3.
 # python3-venv: `python3 -m venv` on Debian's python3.
-# netcdf-bin (ncdump), nginx-light (HTTP range server), attr, curl, psmisc: demo and tests;
-# systemd: systemd-analyze verify of the unit files in tests;
-# gdal-bin (gdalinfo, gdal_translate): a non-Python client of -o decode in tests and the demo;
-# cdo, nco (ncks): netCDF-C clients that compute statistics through -o decode in tests;
-# chromium: a real browser for the HTTP front end's CORS tests (headless);
-# python3-seccomp: tests run the unit's commands under its SystemCallFilter= (no systemd here).
-PKGS=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv
-    netcdf-bin nginx-light attr curl psmisc systemd gdal-bin cdo nco chromium python3-seccomp)
+# netcdf-bin (ncdump): the demo's netCDF-C client.
+PKGS=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv netcdf-bin)
+if [ "$PROFILE" = test ]; then
+    # nginx-light (HTTP range server), attr, curl, psmisc: tests;
+    # systemd: systemd-analyze verify of the unit files in tests;
+    # gdal-bin (gdalinfo, gdal_translate): a non-Python client of -o decode in tests;
+    # cdo, nco (ncks): netCDF-C clients that compute statistics through -o decode in tests;
+    # chromium: a real browser for the HTTP front end's CORS tests (headless);
+    # python3-seccomp: tests run the unit's commands under its SystemCallFilter= (no systemd here).
+    PKGS+=(nginx-light attr curl psmisc systemd gdal-bin cdo nco chromium python3-seccomp)
+fi
 if [ "$BENCH" -eq 1 ]; then
     # wrk (GET) and apache2-utils' ab (HEAD: wrk waits for a HEAD answer's body): the serve workload
     PKGS+=(libfuse2 wrk apache2-utils)
@@ -57,20 +69,27 @@ else
     say ".venv present ($(.venv/bin/python --version 2>&1))"
 fi
 
+# The stamp holds pyproject.toml's hash and the extra installed: '.[test]' includes '.[demo]',
+# so a test set-up serves the demo too, and a demo set-up is completed by the first test run.
 STAMP=.venv/.refmount-setup-stamp
-want="$(sha256sum pyproject.toml | cut -d' ' -f1) test"
+hash="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 have=""
 if [ -f "$STAMP" ]; then
     have="$(cat "$STAMP")"
 fi
+current=no
+case "$have" in
+    "$hash test") current=yes ;;
+    "$hash demo") [ "$PROFILE" = demo ] && current=yes ;;
+esac
 # (the installed distribution is checked, not `import refmount`: that also reads the tree)
-if [ "$want" = "$have" ] && [ -x .venv/bin/refmount ] &&
+if [ "$current" = yes ] && [ -x .venv/bin/refmount ] &&
     .venv/bin/python -c 'import importlib.metadata as m; m.distribution("refmount")' 2>/dev/null; then
     say "python packages up to date (pyproject.toml unchanged)"
 else
-    say "pip install -e '.[test]'"
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-    printf '%s\n' "$want" >"$STAMP"
+    say "pip install -e '.[$PROFILE]'"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$PROFILE]"
+    printf '%s\n' "$hash $PROFILE" >"$STAMP"
 fi
 
 if [ "$BENCH" -eq 1 ]; then
