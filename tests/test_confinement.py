@@ -318,9 +318,10 @@ def test_sentinel_secrets_never_appear(mount, mount_fails, srv, tmp_path, monkey
     remote = {"client_kwargs": {"headers": {"Authorization": f"Bearer {SECRETS['remote_options']}"}}}
     srv.add_fault("/data/flaky.bin", "status", times=None, status=500)
     srv.add_fault("/data/short.bin", "short", times=None)
-    srv.add_fault("/data/slow.bin", "stall", times=None, seconds=10)
+    srv.add_fault("/data/slow.bin", "stall", times=None, seconds=60)
+    # timeouts far above a loaded machine's answer time: only "slow" may time out (it stalls)
     m_a = mount(src_a, f"remote_options={json.dumps(remote)}", "no_disk_cache", "retries=1",
-                "timeout=1")
+                "timeout=5")
     # B: user:password@ in target URLs, and in the SOURCE URL (served by the same server).
     refs_b = {
         "ok": [srv.url_for("data/ok.bin", userinfo=userinfo), 0, 100],
@@ -332,7 +333,7 @@ def test_sentinel_secrets_never_appear(mount, mount_fails, srv, tmp_path, monkey
     src_b = srv.url_for("refs/b.json", userinfo=f"src:{SECRETS['source_password']}")
     target = {"headers": {"X-Source-Token": SECRETS["target_options"]}}
     m_b = mount(src_b, f"target_options={json.dumps(target)}", "no_disk_cache", "retries=1",
-                "timeout=2")
+                "timeout=30")
 
     for m, refs in ((m_a, refs_a), (m_b, refs_b)):
         for key in refs:
