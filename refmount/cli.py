@@ -101,12 +101,28 @@ def config_from_args(args: argparse.Namespace,
     if is_local(source):  # the daemon runs in "/": a local SOURCE is made absolute here
         source = os.path.abspath(local_path(source))
     cfg = MountConfig(source=source, mountpoint=os.path.abspath(mountpoint))
-    apply_options(cfg, options + [o for group in args.options for o in split_options(group)])
+    apply_command_options(cfg, options + [o for group in args.options for o in split_options(group)])
     _foreground_flags(cfg, args)
     return cfg
 
 
 SUBCOMMANDS = ("expand", "inspect", "stats", "verify")
+
+
+def apply_command_options(cfg: MountConfig, options: list[str]) -> None:
+    """``-o`` options onto ``cfg``: the option table reads each value, and the layer that a value
+    means something to checks it (target rules, CORS origins), so that a bad one stops the
+    command before anything starts."""
+    apply_options(cfg, options)
+    if cfg.targets != []:
+        from .targets import check_rules
+
+        cfg.targets = check_rules(cfg.targets)
+    if cfg.cors is not None:
+        from .cors import cors_problem
+
+        if (problem := cors_problem(cfg.cors)) is not None:
+            raise ConfigError(problem)
 
 
 def _foreground_flags(cfg: MountConfig, args: argparse.Namespace) -> None:
@@ -159,7 +175,7 @@ def serve_config(args: argparse.Namespace,
     if is_local(source):
         source = os.path.abspath(local_path(source))
     cfg = MountConfig(source=source, mountpoint="", serving=True)
-    apply_options(cfg, options + [o for group in args.options for o in split_options(group)])
+    apply_command_options(cfg, options + [o for group in args.options for o in split_options(group)])
     if args.listen is not None:
         apply_options(cfg, [f"listen={args.listen}"])
     _foreground_flags(cfg, args)
@@ -227,7 +243,7 @@ def _run_verify(argv: list[str]) -> int:
         if is_local(source):
             source = os.path.abspath(local_path(source))
         cfg = MountConfig(source=source, mountpoint="")
-        apply_options(cfg, [o for group in args.options for o in split_options(group)])
+        apply_command_options(cfg, [o for group in args.options for o in split_options(group)])
         reports = verify.verify_set(cfg, jobs=args.jobs)
         if args.pin:
             n = write_pins(args.pin, verify.pinnable(reports), cfg.source)

@@ -26,6 +26,7 @@ from .optionfile import read_option_text
 from .urls import is_local, local_path
 
 DECODE_MAX_CHUNK_BYTES = 256 * 2**20  # max_chunk_bytes: the largest chunk -o decode decodes
+MAX_RULES_FILE = 1 << 20  # bytes of a targets=@FILE read at start
 
 
 def default_cache_dir() -> str:
@@ -181,22 +182,22 @@ class Json:
 
 @dataclass(frozen=True)
 class Rules:
-    """Target rules (``targets.py``): a JSON list, inline or ``@FILE`` (read now, bounded);
-    kept in JSON form. Never echoed: rule options may hold credentials."""
+    """Target rules: JSON, inline or ``@FILE`` (read now, at most ``MAX_RULES_FILE`` bytes).
+    What the rules mean is the targets layer's to check (``targets.check_rules``, called by the
+    command before anything starts). Never echoed: rule options may hold credentials."""
 
     metavar: str = "JSON|@FILE"
     pytype: str = "list[dict[str, Any]]"
 
-    def parse(self, name: str, text: str) -> list[dict[str, Any]]:
-        from .credentials import command_problem
-        from .targets import load_rules
-
-        rules = load_rules(text, name)
-        for number, rule in enumerate(rules, 1):
-            argv = rule.get("credentials", {}).get("process")
-            if argv and (problem := command_problem(argv)) is not None:
-                raise ConfigError(f"{name}: rule {number}: credentials.process: {problem}")
-        return rules
+    def parse(self, name: str, text: str) -> Any:
+        if text.startswith("@"):
+            text = read_option_text(text[1:], name, MAX_RULES_FILE)
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{name} is not valid JSON ({e.msg} at char {e.pos})") from None
+        except RecursionError:
+            raise ConfigError(f"{name}: JSON nested too deeply") from None
 
     def show(self, value: Any) -> str:
         return f"{len(value)} rule{'' if len(value) == 1 else 's'}" if value else "none"
@@ -340,18 +341,13 @@ def split_listen(text: str, name: str = "listen") -> tuple[str, int]:
 
 @dataclass(frozen=True)
 class Cors:
-    """``*`` or origins (``scheme://host[:port]``) separated by ``|``; checked by
-    ``cors.cors_problem``."""
+    """``*`` or origins (``scheme://host[:port]``) separated by ``|``; what they mean is the HTTP
+    front end's to check (``cors.cors_problem``, called by the command before it serves)."""
 
     metavar: str = "ORIGIN[|ORIGIN...]|*"
     pytype: str = "str | None"
 
     def parse(self, name: str, text: str) -> str:
-        from .cors import cors_problem
-
-        problem = cors_problem(text)
-        if problem is not None:
-            raise ConfigError(problem)
         return text
 
     def show(self, value: Any) -> str:

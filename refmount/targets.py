@@ -29,17 +29,15 @@ Pure: no I/O, no fsspec. The policy (``policy.py``) applies to the rewritten URL
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import Rules
 from .errors import ConfigError
-from .optionfile import read_option_text
 from .redact import redact_url
 from .urls import is_local, local_path
 
-MAX_RULES_FILE = 1 << 20  # bytes of a targets=@FILE read at start
 MAX_RULES = 10_000
 FIELDS = frozenset({"prefix", "rewrite", "options", "credentials"})
 CREDENTIAL_KINDS = frozenset({"process"})
@@ -227,16 +225,20 @@ def parse_rules(raw: Any) -> list[Rule]:
     return rules
 
 
+def check_rules(raw: Any, name: str = "targets") -> list[dict[str, Any]]:
+    """Rules as the option table read them (JSON), checked — each rule's shape, and that its
+    credential command can run; returned in JSON form (what the configuration keeps)."""
+    from .credentials import command_problem  # (it loads trio: only when rules are checked)
+
+    rules = TargetRules(parse_rules(raw)).as_json()
+    for number, rule in enumerate(rules, 1):
+        argv = rule.get("credentials", {}).get("process")
+        if argv and (problem := command_problem(argv)) is not None:
+            raise ConfigError(f"{name}: rule {number}: credentials.process: {problem}")
+    return rules
+
+
 def load_rules(text: str, name: str = "targets") -> list[dict[str, Any]]:
-    """The value of ``-o targets=``: inline JSON or ``@FILE`` (read now, at most
-    ``MAX_RULES_FILE`` bytes), checked; returned in JSON form (what the configuration keeps).
-    Never echoes the text: rule options may hold credentials."""
-    if text.startswith("@"):
-        text = read_option_text(text[1:], name, MAX_RULES_FILE)
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{name} is not valid JSON ({e.msg} at char {e.pos})") from None
-    except RecursionError:
-        raise ConfigError(f"{name}: JSON nested too deeply") from None
-    return TargetRules(parse_rules(raw)).as_json()
+    """Rules written as ``-o targets=`` takes them (inline JSON or ``@FILE``, read now, at most
+    ``MAX_RULES_FILE`` bytes), checked. Never echoes the text: rule options may hold credentials."""
+    return check_rules(Rules().parse(name, text), name)

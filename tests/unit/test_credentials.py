@@ -17,7 +17,8 @@ import pytest
 import trio
 import trio.testing
 
-from refmount.config import MountConfig, apply_options
+from refmount.cli import apply_command_options
+from refmount.config import MountConfig
 from refmount.credentials import (
     CredentialError,
     CredentialProcess,
@@ -528,7 +529,7 @@ def test_a_command_that_cannot_run_stops_refmount_naming_the_rule(command: str, 
              {"prefix": "s3://b", "options": {"secret": SECRET},
               "credentials": {"process": [command, "--token", "x"]}}]
     with pytest.raises(ConfigError) as info:
-        apply_options(MountConfig(), ["targets=" + json.dumps(rules)])
+        apply_command_options(MountConfig(), ["targets=" + json.dumps(rules)])
     assert str(info.value) == f"targets: rule 2: credentials.process: {says}"
 
 
@@ -536,5 +537,5 @@ def test_commands_by_absolute_path_or_on_path_are_taken(tmp_path: Path) -> None:
     cfg = MountConfig()
     rules = [{"prefix": "s3://a", "credentials": {"process": ["true"]}},
              {"prefix": "s3://b", "credentials": {"process": [sys.executable, "x.py"]}}]
-    apply_options(cfg, ["targets=" + json.dumps(rules)])
+    apply_command_options(cfg, ["targets=" + json.dumps(rules)])
     assert cfg.targets == rules

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from refmount.cli import apply_command_options
 from refmount.config import (
     OPTIONS,
     ConfigError,
@@ -157,7 +158,7 @@ def test_serve_options_listen_and_token_file(tmp_path: Path) -> None:
             apply_options(cfg, [f"listen={bad}"])
     apply_options(cfg, ["cors=https://a.example|http://b.example:8080"])
     with pytest.raises(ConfigError, match="not an origin"):
-        apply_options(cfg, ["cors=https://a.example/path"])
+        apply_command_options(cfg, ["cors=https://a.example/path"])
     token = tmp_path / "token"
     token.write_text("abc123\n")
     apply_options(cfg, [f"auth_token=@{token}"])

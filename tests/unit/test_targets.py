@@ -15,15 +15,15 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from refmount.cli import apply_command_options
 from refmount.cmdline import masked_arguments, secrets_in
-from refmount.config import ConfigError, MountConfig, apply_options, describe_options
+from refmount.config import MAX_RULES_FILE, ConfigError, MountConfig, apply_options, describe_options
 from refmount.core import disk_cache_key
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher, mirror_down
 from refmount.policy import TargetPolicy, TargetRefused, check_targets
 from refmount.stats import Stats
 from refmount.targets import (
-    MAX_RULES_FILE,
     TargetRules,
     load_rules,
     options_for,
@@ -169,7 +169,7 @@ def test_the_option_takes_inline_json_and_a_file(tmp_path: Path) -> None:
 ])
 def test_bad_option_values_are_one_line_without_the_value(value: str, says: str) -> None:
     with pytest.raises(ConfigError) as e:
-        apply_options(MountConfig(), ["targets=" + value])
+        apply_command_options(MountConfig(), ["targets=" + value])
     assert says in str(e.value) and SECRET not in str(e.value) and "\n" not in str(e.value)
 
 
