@@ -287,7 +287,7 @@ def _run_tool(command: str, argv: list[str]) -> int:
     import fsspec
 
     from . import tools
-    from .config import _json_option
+    from .config import json_option
 
     args = _tool_parser(command).parse_args(argv)
     if command == "stats":
@@ -297,7 +297,7 @@ def _run_tool(command: str, argv: list[str]) -> int:
             stats = tools.read_stats(os.path.abspath(args.mountpoint))
         print(json.dumps(stats, indent=2) if args.json else tools.format_stats(stats))
         return 0
-    options = _json_option("--target-options", args.target_options)
+    options = json_option("--target-options", args.target_options)
     source = os.path.abspath(local_path(args.source)) if is_local(args.source) else args.source
     if command == "inspect":
         from .targets import TargetRules, load_rules
