@@ -223,7 +223,7 @@ def refmount_daemon_pid(mnt: Path) -> int | None:
         if not name.isdigit():
             continue
         argv = proc_cmdline(int(name))
-        if "refmount.daemon" in argv and argv and argv[-1] == target:
+        if "refmount.fuse.daemon" in argv and argv and argv[-1] == target:
             return int(name)
     return None
 
@@ -601,7 +601,7 @@ class Mount:
         if self.peer != "refmount":
             return None
         try:
-            return json.loads(os.getxattr(self.mnt, "user.refmount.stats"))
+            return json.loads(os.getxattr(self.mnt, "user.refmount.base.stats"))
         except (OSError, ValueError):
             return None
 

@@ -45,10 +45,10 @@ def hypercorn_trio(refs: str) -> None:
     from hypercorn.trio import serve
 
     sys.path.insert(0, str(REPO))
-    from refmount import guestloop
-    from refmount.cli import index_source
+    from refmount.base import guestloop
+    from refmount.cli.main import index_source
     from refmount.config import MountConfig, apply_options
-    from refmount.core import build_core
+    from refmount.core.setcore import build_core
 
     cfg = MountConfig(source=refs, mountpoint="")
     apply_options(cfg, ["no_disk_cache"])

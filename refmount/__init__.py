@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .api import mounted, served, unmount
-from .errors import MountError
+from refmount.base.errors import MountError
+from refmount.cli.api import mounted, served, unmount
 
 
 def __getattr__(name: str) -> Any:

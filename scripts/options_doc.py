@@ -5,7 +5,7 @@
     .venv/bin/python scripts/options_doc.py --check   # exit 1 if the file is out of date
 
 The table sits between the markers ``<!-- options:begin -->`` and ``<!-- options:end -->``;
-the text around it is written by hand. tests/unit/test_options.py fails when the table differs from
+the text around it is written by hand. tests/unit/config/test_options.py fails when the table differs from
 ``refmount --help``.
 """
 

@@ -13,6 +13,9 @@ bash scripts/setup.sh
 echo "test: ruff check ."
 .venv/bin/ruff check .
 
+echo "test: lint-imports (the layers contract in pyproject.toml)"
+.venv/bin/lint-imports --no-cache
+
 if [ $# -gt 0 ]; then
     echo "test: pytest tests -q $*"
     exec .venv/bin/python -m pytest tests -q "$@"

@@ -15,8 +15,8 @@ secrets in ``remote_options`` stay out of ``ps``).
 
 from __future__ import annotations
 
-from ..errors import ConfigError
-from .options import (
+from refmount.base.errors import ConfigError
+from refmount.config.options import (
     IGNORED_OPTIONS,
     OPTIONS,
     OPTIONS_BY_NAME,
@@ -27,7 +27,7 @@ from .options import (
     options_help,
     options_markdown,
 )
-from .values import (
+from refmount.config.values import (
     DECODE_MAX_CHUNK_BYTES,
     MAX_RULES_FILE,
     Flag,

@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
-from ..urls import is_local, local_path
-from .values import (
+from refmount.base.errors import ConfigError
+from refmount.base.urls import is_local, local_path
+from refmount.config.values import (
     DECODE_MAX_CHUNK_BYTES,
     Choice,
     Cors,
@@ -158,7 +158,7 @@ OPTIONS: tuple[Option, ...] = (
            "most bytes a Parquet record file may decode to; a larger one gives EIO for its keys"),
     Option("max_source", Size(lo=0), 2 * 2**30,
            "most bytes of SOURCE read, after any decompression (0: no limit)"),
-    # catalogues: many reference sets under one mount (catalog.py)
+    # catalogues: many reference sets under one mount (sets/catalog.py)
     Option("catalog", Flag(), False,
            "SOURCE is a catalogue: a directory of reference sets, a list file or a STAC "
            "Collection/ItemCollection; each set is a directory of the mount"),

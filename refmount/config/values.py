@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
-from ..optionfile import read_option_text
+from refmount.base.errors import ConfigError
+from refmount.base.optionfile import read_option_text
 
 DECODE_MAX_CHUNK_BYTES = 256 * 2**20  # max_chunk_bytes: the largest chunk -o decode decodes
 MAX_RULES_FILE = 1 << 20  # bytes of a targets=@FILE read at start

@@ -14,15 +14,15 @@ import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..urls import is_local
-from .deadline import within
-from .model import IndexFile, Ref, ReferenceSetError, RefKind
+from refmount.base.urls import is_local
+from refmount.refs.deadline import within
+from refmount.refs.model import IndexFile, Ref, ReferenceSetError, RefKind
 
 if TYPE_CHECKING:
-    from .format import Format, OpenedTree
-    from .index import KeyIndex
-    from .jsonrefs import build_index
-    from .limits import Limits
+    from refmount.refs.format import Format, OpenedTree
+    from refmount.refs.index import KeyIndex
+    from refmount.refs.jsonrefs import build_index
+    from refmount.refs.limits import Limits
 
 __all__ = [
     "FORMATS",
@@ -64,8 +64,8 @@ def __getattr__(name: str) -> Any:
 def _formats() -> tuple[Format, ...]:
     """The registry, in the order SOURCE is tried: the first format whose ``detect`` says yes
     reads it. JSON claims whatever is left (its parse says what is wrong), so it comes last."""
-    from .jsonrefs import JsonFormat
-    from .parquet import ParquetFormat
+    from refmount.refs.jsonrefs import JsonFormat
+    from refmount.refs.parquet import ParquetFormat
 
     return (ParquetFormat(), JsonFormat())
 
@@ -88,7 +88,7 @@ def prepare_index(source: str, target_options: Mapping[str, Any], *, bad_keys: s
                   limits: Limits | None = None, cache_dir: str | None = None) -> IndexFile:
     """Parse or validate SOURCE in its format (see Format.prepare). Asking a remote SOURCE
     what it is ends within ``limits.source_timeout``, as each open and read of it does."""
-    from .limits import DEFAULT_LIMITS
+    from refmount.refs.limits import DEFAULT_LIMITS
 
     limits = limits or DEFAULT_LIMITS
     timeout = None if is_local(source) else limits.source_timeout

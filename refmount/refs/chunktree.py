@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator
 import numpy as np
 import trio
 
-from ..errors import ReadError
-from ..tree import Entry, KeyTree, Node
-from .model import Ref
-from .parquetset import ArraySpec, ParquetSet, RecordCache
+from refmount.base.errors import ReadError
+from refmount.refs.model import Ref
+from refmount.refs.parquetset import ArraySpec, ParquetSet, RecordCache
+from refmount.refs.tree import Entry, KeyTree, Node
 
 _CHUNK = 1 << 62
 _P_BITS, _LEVEL_BITS, _AID_BITS = 40, 6, 16

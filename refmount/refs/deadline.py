@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
-from .model import ReferenceSetError
+from refmount.refs.model import ReferenceSetError
 
 T = TypeVar("T")
 

@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .index import KeyIndex
-from .limits import DEFAULT_LIMITS, Limits
-from .model import IndexFile, Ref
+from refmount.refs.index import KeyIndex
+from refmount.refs.limits import DEFAULT_LIMITS, Limits
+from refmount.refs.model import IndexFile, Ref
 
 if TYPE_CHECKING:
-    from ..tree import Tree
+    from refmount.refs.tree import Tree
 
 Options = Mapping[str, Any]  # fsspec storage options for SOURCE (``target_options``)
 

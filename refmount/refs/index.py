@@ -28,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .limits import DEFAULT_LIMITS, Limits, size_text
-from .model import INT64_MAX, Ref, ReferenceSetError, RefKind
+from refmount.refs.limits import DEFAULT_LIMITS, Limits, size_text
+from refmount.refs.model import INT64_MAX, Ref, ReferenceSetError, RefKind
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import IO
 
-from .model import ReferenceSetError
+from refmount.refs.model import ReferenceSetError
 
 Opener = Callable[[], IO[bytes]]
 

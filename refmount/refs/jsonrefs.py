@@ -20,10 +20,9 @@ from typing import IO, Any
 import ijson
 import zstandard
 
-from ..process import private_dir
-from ..tree import KeyTree
-from .format import Format, IndexFile, OpenedTree, Options
-from .index import (
+from refmount.base.process import private_dir
+from refmount.refs.format import Format, IndexFile, OpenedTree, Options
+from refmount.refs.index import (
     INDEX_FORMAT,
     IndexBuilder,
     KeyIndex,
@@ -33,11 +32,12 @@ from .index import (
     write_index,
     write_temporary_index,
 )
-from .jsonparse import IntegerOverflow, MalformedJSON, Opener, json_error
-from .limits import DEFAULT_LIMITS, JsonReader, Limits
-from .model import Ref, ReferenceSetError
-from .nonfinite import NonFiniteWatch, filtered
-from .source import open_source, source_identity
+from refmount.refs.jsonparse import IntegerOverflow, MalformedJSON, Opener, json_error
+from refmount.refs.limits import DEFAULT_LIMITS, JsonReader, Limits
+from refmount.refs.model import Ref, ReferenceSetError
+from refmount.refs.nonfinite import NonFiniteWatch, filtered
+from refmount.refs.source import open_source, source_identity
+from refmount.refs.tree import KeyTree
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def _build(opener: Opener, source: str, bad_keys: str, backend: Any, limits: Lim
     if version == 0:
         read_v0(opener, source, builder, backend, limits)
     else:
-        from .v1 import read_v1  # jinja2 (its templates) only when a Version 1 set is parsed
+        from refmount.refs.v1 import read_v1  # jinja2 (its templates) only when a Version 1 set is parsed
 
         read_v1(opener, source, builder, backend, limits)
     return builder

@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from .model import ReferenceSetError
+from refmount.refs.model import ReferenceSetError
 
-MAX_KEY_DEPTH = 4095  # directory inode numbers keep the depth in 12 bits (see tree.py)
+MAX_KEY_DEPTH = 4095  # directory inode numbers keep the depth in 12 bits (see refs/tree.py)
 CHUNK = 64 << 10  # the parser's chunk between long tokens
 EXPANSION_FLOOR = 64 << 20  # decompressed bytes always allowed, whatever the ratio
 # A JSON string of n characters decodes to at least n / 6 bytes ("\u0041" is one byte), so a

@@ -12,12 +12,12 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from .chunktree import ChunkTree
-from .format import Format, IndexFile, OpenedTree, Options
-from .index import KeyIndex
-from .limits import DEFAULT_LIMITS, Limits
-from .model import Ref
-from .parquetset import RecordCache, load_parquet_set, parquet_root, references
+from refmount.refs.chunktree import ChunkTree
+from refmount.refs.format import Format, IndexFile, OpenedTree, Options
+from refmount.refs.index import KeyIndex
+from refmount.refs.limits import DEFAULT_LIMITS, Limits
+from refmount.refs.model import Ref
+from refmount.refs.parquetset import RecordCache, load_parquet_set, parquet_root, references
 
 log = logging.getLogger(__name__)
 

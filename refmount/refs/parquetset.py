@@ -30,14 +30,14 @@ import pyarrow.compute as pc
 import trio
 from fsspec.implementations.local import LocalFileSystem
 
-from ..errors import ReadError
-from ..lru import LRU
-from ..singleflight import SingleFlight
-from .index import IndexBuilder, KeyIndex
-from .limits import DEFAULT_LIMITS, Limits, size_text
-from .model import Ref, ReferenceSetError, RefKind
-from .recordfile import COLUMNS, RecordRefused, read_record
-from .zmetadata import read_zmetadata
+from refmount.base.errors import ReadError
+from refmount.base.lru import LRU
+from refmount.base.singleflight import SingleFlight
+from refmount.refs.index import IndexBuilder, KeyIndex
+from refmount.refs.limits import DEFAULT_LIMITS, Limits, size_text
+from refmount.refs.model import Ref, ReferenceSetError, RefKind
+from refmount.refs.recordfile import COLUMNS, RecordRefused, read_record
+from refmount.refs.zmetadata import read_zmetadata
 
 log = logging.getLogger(__name__)
 

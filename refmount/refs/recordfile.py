@@ -26,8 +26,8 @@ from typing import IO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .limits import size_text
-from .model import ReferenceSetError
+from refmount.refs.limits import size_text
+from refmount.refs.model import ReferenceSetError
 
 COLUMNS = ("path", "offset", "size", "raw")
 DICTIONARY_COLUMNS = ("path", "raw")

@@ -12,11 +12,11 @@ import fsspec
 from fsspec.compression import compr
 from fsspec.core import url_to_fs
 
-from ..urlenv import environment_identity
-from ..urls import is_chained, is_local, protocol
-from .deadline import SourceTimeout, TimedStream, connection_problem, within
-from .limits import CountingReader, ExpansionGuard, Limits
-from .model import ReferenceSetError
+from refmount.base.urlenv import environment_identity
+from refmount.base.urls import is_chained, is_local, protocol
+from refmount.refs.deadline import SourceTimeout, TimedStream, connection_problem, within
+from refmount.refs.limits import CountingReader, ExpansionGuard, Limits
+from refmount.refs.model import ReferenceSetError
 
 # An HTTP(S) SOURCE is read with aiohttp's transparent decoding off: a body sent with
 # ``Content-Encoding`` is decoded here, under the same ExpansionGuard as a compressed name, with
@@ -165,6 +165,6 @@ def source_identity(source: str, target_options: dict[str, Any], salt: str,
     }
     if not any(k != "size" for k in stamp):
         return None
-    # The environment may change what SOURCE names (AWS_ENDPOINT_URL, ...): see urlenv.py.
+    # The environment may change what SOURCE names (AWS_ENDPOINT_URL, ...): see base/urlenv.py.
     blob = json.dumps([fs.unstrip_protocol(path), stamp, salt, environment_identity()], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:40]

@@ -32,12 +32,12 @@ import pyarrow.compute as pc
 from jinja2 import StrictUndefined, TemplateError, nodes
 from jinja2.sandbox import SecurityError
 
-from ..lru import LRU
-from .index import IndexBuilder, generated_why, key_too_long
-from .jsonparse import Opener, json_error
-from .limits import DEFAULT_LIMITS, JsonReader, Limits
-from .model import INT64_MAX, ReferenceSetError
-from .sandbox import MAX_RENDERED, RENDER_MEMORY, BoundedSandbox, MemoryCap
+from refmount.base.lru import LRU
+from refmount.refs.index import IndexBuilder, generated_why, key_too_long
+from refmount.refs.jsonparse import Opener, json_error
+from refmount.refs.limits import DEFAULT_LIMITS, JsonReader, Limits
+from refmount.refs.model import INT64_MAX, ReferenceSetError
+from refmount.refs.sandbox import MAX_RENDERED, RENDER_MEMORY, BoundedSandbox, MemoryCap
 
 RENDER_SECONDS = 2.0  # one template rendering may take at most this long
 GEN_BATCH = 1 << 18  # most products evaluated in one batch

@@ -18,10 +18,10 @@ from typing import IO, Any
 
 import orjson
 
-from ..urls import is_chained, protocol
-from .limits import JsonReader, Limits, size_text
-from .model import ReferenceSetError
-from .source import open_source
+from refmount.base.urls import is_chained, protocol
+from refmount.refs.limits import JsonReader, Limits, size_text
+from refmount.refs.model import ReferenceSetError
+from refmount.refs.source import open_source
 
 MAX_VALUES = 1 << 20  # JSON values in .zmetadata (each becomes a Python object when parsed)
 PIECE = 1 << 20

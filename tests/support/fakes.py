@@ -10,9 +10,9 @@ from typing import Any
 import trio
 import trio.testing
 
-from refmount.blockstore import BlockKey, Fetch
-from refmount.fetch import PastEnd
-from refmount.inflight import LinkEstimates
+from refmount.core.blockstore import BlockKey, Fetch
+from refmount.targets.fetch import PastEnd
+from refmount.targets.inflight import LinkEstimates
 
 KiB, MiB = 2**10, 2**20
 URL = "http://example.invalid/data.bin"

@@ -8,7 +8,7 @@ import json
 import numcodecs
 import numpy as np
 
-from refmount.decodedview import DecodedView
+from refmount.decode.view import DecodedView
 
 
 def zarray(dtype="<f4", shape=(4, 6), chunks=(2, 3), compressor=None, filters=None, **kw) -> dict:

@@ -1,0 +1,57 @@
+"""Counters of one mount, shown as xattrs on the root and by ``refmount stats``."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from refmount.base.redact import redact_url
+
+
+@dataclass
+class Stats:
+    started: float = field(default_factory=time.time)
+    requests: int = 0  # successful fetches from targets
+    merged: int = 0  # ranges that shared a request with others (adjacent, read at once)
+    prefetched: int = 0  # bytes fetched ahead of readers going through a target in order
+    prefetch_hits: int = 0  # reads served from those
+    bytes_fetched: int = 0
+    retries: int = 0
+    errors: int = 0  # reads answered with an error
+    lookups: int = 0  # FUSE lookups (names the kernel had not cached, found or not)
+    opens: int = 0  # FUSE opens
+    reads: int = 0  # FUSE read calls
+    bytes_read: int = 0  # bytes returned to readers
+    memory_hits: int = 0
+    disk_hits: int = 0
+    misses: int = 0
+    cache_writes_dropped: int = 0  # blocks not written to the disk cache: the disk fell behind
+    pushed: int = 0  # bytes stored in the kernel's page cache at open, ahead of the reads
+    decoded: int = 0  # chunks decoded (-o decode), ahead of readers included
+    decoded_ahead: int = 0  # chunks decoded ahead of a reader going through an array in order
+    open_files: int = 0
+    pin_refusals: int = 0  # fetches refused: the target is not its pinned version (-o pins)
+    pinned_targets_changed: int = 0  # distinct targets found so
+    # the last read that failed: {"time", "key", "target", "reason"} (target redacted)
+    last_error: dict[str, Any] | None = None
+    # per target rule number with a credential process: its command, generation, expiry,
+    # refreshes and failures (targets/credentials.py; never the credential)
+    credentials: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def failed(self, key: str, error: Exception) -> None:
+        """Count a read answered with an error and remember it as the last one."""
+        self.errors += 1
+        url = getattr(error, "url", None)
+        self.last_error = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "key": key,
+            "target": redact_url(url) if isinstance(url, str) else None,
+            "reason": redact_url(str(getattr(error, "reason", None) or error)),
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["uptime"] = round(time.time() - self.started, 3)
+        return d

@@ -1,0 +1,327 @@
+"""The decoded view of one reference set (``-o decode``) and the tree seen through it.
+
+``DecodedView`` is built from a set's metadata keys: which arrays decode (``plan_array``,
+decode/codecplan.py) and why the others are served as referenced (``skipped``), which key is a
+decoded chunk, the rewritten metadata and the served sizes. ``.zarray`` is served with no
+codecs and a little-endian ``dtype``; ``.zattrs`` with the attributes a netCDF client needs
+(``ncattrs``: ``_FillValue`` from ``fill_value``); the same inside ``.zmetadata``. Everything
+else is untouched. ``DecodedTree``: a tree (``KeyTree``/``ChunkTree``) as served through the
+view.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from refmount.config import DECODE_MAX_CHUNK_BYTES
+from refmount.decode.codecplan import DecodedArray, codec_ids, plan_array, rewrite_zarray
+from refmount.decode.ncattrs import dumps_zattrs, netcdf_zattrs
+from refmount.refs import Ref, RefKind
+
+log = logging.getLogger(__name__)
+
+# The most bytes of one metadata document the view parses: a .zarray holds no attributes
+# (those are in .zattrs), so a real one is well under a kilobyte; consolidated metadata
+# holds every array's and group's metadata and attributes.
+MAX_ZARRAY_BYTES = 1 << 20
+MAX_ZMETADATA_BYTES = 16 << 20
+Buffer = bytes | memoryview
+
+
+def _dumps(obj: Any) -> bytes:
+    # allow_nan: zarr writes NaN fill values as the string "NaN", but other writers may not.
+    return json.dumps(obj, indent=4, sort_keys=True, ensure_ascii=True).encode()
+
+
+# ---- the view of one reference set ---------------------------------------------------------
+
+
+def _netcdf_attrs(zarray: Any, data: bytes) -> dict[str, Any] | None:
+    """A ``.zattrs`` key's attributes as served (``ncattrs``), None if served as referenced."""
+    if not isinstance(zarray, dict):
+        return None
+    try:
+        return netcdf_zattrs(zarray, json.loads(data))
+    except ValueError:
+        return None
+
+
+class IndexMetadata(Mapping[str, "Buffer | None"]):
+    """Metadata keys of a ``KeyIndex`` (its rows ``rows``) as a mapping read from the index on
+    each pass: a value is a view into the mapped index (None: not inline), so a document is
+    copied only by whoever parses it, after checking its size."""
+
+    def __init__(self, index: Any, rows: list[int]) -> None:
+        self._index = index
+        self._rows = {index.key(i).decode("utf-8", "surrogateescape"): i for i in rows}
+
+    def __getitem__(self, key: str) -> Buffer | None:
+        ref = self._index.ref(self._rows[key], view=True)
+        return ref.data if ref.kind is RefKind.INLINE else None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+class DecodedView:
+    """Built from a set's ``.zarray``, ``.zattrs`` and ``.zmetadata`` keys (``metadata``: key
+    -> bytes, or None for a key that is not inline). A ``.zarray`` or ``.zattrs`` larger than
+    MAX_ZARRAY_BYTES is not parsed (its array is served as referenced; its attributes as
+    they are); a ``.zmetadata`` larger than MAX_ZMETADATA_BYTES is not parsed either, and the
+    arrays under its directory are served as referenced, as it describes them. Only what
+    serving needs is kept: the plans and the rewritten metadata."""
+
+    def __init__(self, metadata: Mapping[str, Buffer | None],
+                 max_chunk_bytes: int = DECODE_MAX_CHUNK_BYTES) -> None:
+        self.arrays: dict[str, DecodedArray] = {}
+        self.skipped: dict[str, str] = {}  # array path -> why it is served as referenced
+        self.plain: set[str] = set()  # arrays that need no decoding
+        self.codecs: dict[str, list[str]] = {}  # array path -> codec ids (every array)
+        self._meta: dict[str, bytes] = {}  # rewritten metadata keys
+        fills: dict[str, dict[str, Any]] = {}  # .zarray key -> its dtype and fill_value
+        for key, data in metadata.items():
+            if not (key == ".zarray" or key.endswith("/.zarray")):
+                continue
+            path = key[: -len(".zarray")].rstrip("/")
+            if data is None:
+                self.skipped[path or "/"] = ".zarray is not inline in the reference set"
+                continue
+            if len(data) > MAX_ZARRAY_BYTES:
+                self.skipped[path or "/"] = (f".zarray is {len(data):,} bytes, more than the "
+                                             f"{MAX_ZARRAY_BYTES:,} a .zarray is parsed up to")
+                continue
+            try:
+                meta = json.loads(bytes(data))
+            except ValueError:
+                self.skipped[path or "/"] = ".zarray is not valid JSON"
+                continue
+            if isinstance(meta, dict):
+                self.codecs[path] = codec_ids(meta)
+                fills[key] = {"dtype": meta.get("dtype"), "fill_value": meta.get("fill_value")}
+            array, reason = plan_array(path, meta, max_chunk_bytes)
+            if array is not None:
+                self.arrays[path] = array
+                self._meta[key] = _dumps(rewrite_zarray(meta))
+            elif reason is not None:
+                self.skipped[path or "/"] = reason
+            else:
+                self.plain.add(path)
+        too_big = {key for key, data in metadata.items()
+                   if (key == ".zmetadata" or key.endswith("/.zmetadata"))
+                   and data is not None and len(data) > MAX_ZMETADATA_BYTES}
+        for key in too_big:  # first: other .zmetadata keys may describe the same arrays
+            self._unparsed_zmetadata(key[: -len(".zmetadata")], len(metadata[key] or b""))
+        for key, data in metadata.items():
+            if ((key == ".zattrs" or key.endswith("/.zattrs")) and data is not None
+                    and len(data) <= MAX_ZARRAY_BYTES):
+                attrs = _netcdf_attrs(fills.get(key[: -len(".zattrs")] + ".zarray"), bytes(data))
+                if attrs is not None:
+                    self._meta[key] = dumps_zattrs(attrs)
+        for key, data in metadata.items():
+            if (key == ".zmetadata" or key.endswith("/.zmetadata")) and key not in too_big:
+                rewritten = self._zmetadata(key, None if data is None else bytes(data))
+                if rewritten is not None:
+                    self._meta[key] = rewritten
+        self._max_depth = max((p.count("/") + 1 for p in self.arrays), default=0)
+
+    def _unparsed_zmetadata(self, base: str, size: int) -> None:
+        """The arrays under a ``.zmetadata`` too large to parse: served as it describes them
+        (as referenced)."""
+        for path in [p for p in self.arrays if (p + "/").startswith(base)]:
+            del self.arrays[path]
+            del self._meta[f"{path}/.zarray" if path else ".zarray"]
+            self.skipped[path or "/"] = (
+                f"{base}.zmetadata is {size:,} bytes, more than the "
+                f"{MAX_ZMETADATA_BYTES:,} consolidated metadata is parsed up to")
+
+    def _zmetadata(self, key: str, data: bytes | None) -> bytes | None:
+        if data is None:
+            return None
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return None
+        inner = obj.get("metadata") if isinstance(obj, dict) else None
+        if not isinstance(inner, dict):
+            return None
+        base = key[: -len(".zmetadata")]
+        changed = False
+        new = dict(inner)
+        for name, meta in inner.items():
+            if name == ".zarray" or name.endswith("/.zarray"):
+                path = (base + name[: -len(".zarray")]).rstrip("/")
+                if path in self.arrays and isinstance(meta, dict):
+                    new[name] = rewrite_zarray(meta)
+                    changed = True
+            elif name == ".zattrs" or name.endswith("/.zattrs"):
+                attrs = netcdf_zattrs(inner.get(name[: -len(".zattrs")] + ".zarray"), meta)
+                if attrs is not None:
+                    new[name] = attrs
+                    changed = True
+        if not changed:
+            return None
+        return _dumps({**obj, "metadata": new})
+
+    @classmethod
+    def from_index(cls, index: Any, max_chunk_bytes: int = DECODE_MAX_CHUNK_BYTES) -> DecodedView:
+        """From a ``KeyIndex``: its ``.zarray``, ``.zattrs`` and ``.zmetadata`` keys, found with
+        one vectorised pass over the key column (``IndexMetadata``: nothing copied up front)."""
+        import pyarrow.compute as pc
+
+        keys = index.table["key"]
+        hits = pc.or_(pc.or_(pc.ends_with(keys, pattern=".zarray"), pc.ends_with(keys, pattern=".zattrs")),
+                      pc.ends_with(keys, pattern=".zmetadata"))
+        rows = np.flatnonzero(hits.to_numpy(zero_copy_only=False)).tolist()
+        return cls(IndexMetadata(index, rows), max_chunk_bytes)
+
+    # ---- what a key is --------------------------------------------------------------------
+    def array_of(self, key: str) -> DecodedArray | None:
+        """The decoded array whose chunk ``key`` is, if any."""
+        if not key or key.rpartition("/")[2][:1] == ".":
+            return None
+        head = key
+        for _ in range(self._max_depth + 1):
+            head, _, _tail = head.rpartition("/")
+            array = self.arrays.get(head)
+            if array is not None:
+                rel = key[len(head) + 1 :] if head else key
+                return array if array.is_chunk_name(rel) else None
+            if not head:
+                break
+        return self.arrays.get("") if "" in self.arrays and self.arrays[""].is_chunk_name(key) else None
+
+    def metadata(self, key: str) -> bytes | None:
+        """The rewritten bytes of a metadata key (``.zarray``, ``.zattrs``, ``.zmetadata``), if
+        rewritten."""
+        return self._meta.get(key)
+
+    def size(self, key: str, stored: int) -> int:
+        """The served size of ``key`` whose referenced size is ``stored``."""
+        meta = self._meta.get(key)
+        if meta is not None:
+            return len(meta)
+        array = self.array_of(key)
+        return array.nbytes if array is not None else stored
+
+    def entry_sizer(self, dir_path: str) -> Callable[[str, int], int]:
+        """``size(name, stored)`` for the entries of one directory (one look-up per directory,
+        a regular-expression match per entry)."""
+        prefix = dir_path + "/" if dir_path else ""
+        candidates: list[tuple[DecodedArray, str]] = []
+        head = dir_path
+        while True:
+            array = self.arrays.get(head)
+            if array is not None:
+                rel = dir_path[len(head) + 1 :] if head else dir_path
+                candidates.append((array, rel + "/" if rel else ""))
+                break
+            if not head:
+                break
+            head = head.rpartition("/")[0]
+        meta = self._meta
+
+        def size(name: str, stored: int) -> int:
+            if name[:1] == ".":
+                m = meta.get(prefix + name)
+                return len(m) if m is not None else stored
+            for array, rel in candidates:
+                if array.is_chunk_name(rel + name):
+                    return array.nbytes
+            return stored
+
+        return size
+
+    def describe(self) -> dict[str, str]:
+        """For the root's xattrs."""
+        return {
+            "decoded_arrays": str(len(self.arrays)),
+            "not_decoded": json.dumps(dict(sorted(self.skipped.items())), sort_keys=True),
+        }
+
+    def warn(self) -> None:
+        """One warning per array served as referenced although decoding was asked for."""
+        for path, why in sorted(self.skipped.items()):
+            log.warning("decode: array %s is served as referenced (not decoded): %s", path, why)
+
+
+# ---- the tree as served through the view ---------------------------------------------------
+
+
+class DecodedTree:
+    """A ``KeyTree`` or ``ChunkTree`` whose sizes and metadata are those of the view."""
+
+    def __init__(self, inner: Any, view: DecodedView) -> None:
+        self.inner = inner
+        self.view = view
+        self.root = inner.root
+
+    def node(self, ino: int) -> Any:
+        return self.inner.node(ino)
+
+    def path(self, node: Any) -> bytes:
+        return self.inner.path(node)
+
+    def parent(self, node: Any) -> Any:
+        return self.inner.parent(node)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    async def lookup(self, parent: Any, name: bytes) -> Any:
+        return await self.inner.lookup(parent, name)
+
+    @staticmethod
+    def _str(path: bytes) -> str:
+        return path.decode("utf-8", "surrogateescape")
+
+    async def entries(self, parent: Any, start: int = 0) -> AsyncIterator[tuple]:
+        sizer = self.view.entry_sizer(self._str(self.inner.path(parent)))
+        async for name, ino, is_dir, nxt, size in self.inner.entries(parent, start):
+            if not is_dir:
+                size = sizer(self._str(name), size)
+            yield name, ino, is_dir, nxt, size
+
+    async def ref(self, node: Any) -> Ref:
+        ref = await self.inner.ref(node)
+        meta = self.view.metadata(self._str(self.inner.path(node)))
+        if meta is not None:
+            return Ref(RefKind.INLINE, None, 0, len(meta), meta)
+        return ref
+
+    async def size(self, node: Any) -> int:
+        key = self._str(self.inner.path(node))
+        meta = self.view.metadata(key)
+        if meta is not None:
+            return len(meta)
+        array = self.view.array_of(key)
+        if array is not None:
+            return array.nbytes
+        return await self.inner.size(node)
+
+    def array(self, node: Any) -> DecodedArray | None:
+        """The decoded array whose chunk ``node`` is (None: served as referenced)."""
+        if node.is_dir:
+            return None
+        return self.view.array_of(self._str(self.inner.path(node)))
+
+    async def resolve(self, key: str) -> tuple[Any, Ref] | None:
+        """Node and stored reference of ``key`` (for decoding ahead), None if absent."""
+        node = self.root
+        for part in key.encode("utf-8", "surrogateescape").split(b"/"):
+            node = await self.inner.lookup(node, part)
+            if node is None:
+                return None
+        if node.is_dir:
+            return None
+        try:
+            return node, await self.inner.ref(node)
+        except FileNotFoundError:
+            return None

@@ -1,0 +1,93 @@
+"""Preparing a set's index before anything serves it: what the CLI (before it hands over to a
+detached daemon) and the indexer child (``refmount -f``, serving/indexer.py) both do.
+
+``index_source`` parses or validates SOURCE in its format (``refs.prepare_index``) under the
+mount's limits; ``check_index_targets`` refuses the set if a target known before mounting may
+not be read (or, with ``-o pins``, is not pinned; ``check_pins``: the pin file parses);
+``advise_on_decoding`` says on stderr which arrays ``-o decode`` serves as
+referenced, or that some would need it; ``remove_temporary`` drops an index file that no
+process will map (it holds every target URL of the set).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+from refmount.base.errors import ConfigError, MountError
+from refmount.base.progress import Progress
+from refmount.base.redact import redact_url
+from refmount.config import MountConfig
+from refmount.refs import IndexFile, format_named, prepare_index
+from refmount.refs.limits import Limits
+from refmount.targets.policy import TargetRefused, check_targets
+
+
+def index_source(cfg: MountConfig) -> IndexFile:
+    """Parse or validate SOURCE in its format (refs.prepare_index) under the mount's limits,
+    with a progress line on a terminal when it takes a while."""
+    with Progress(f"indexing {redact_url(cfg.source)}", keys=False):
+        return prepare_index(cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
+                             limits=Limits.from_config(cfg),
+                             cache_dir=cfg.cache_dir if cfg.disk_cache else None)
+
+
+def check_pins(cfg: MountConfig) -> None:
+    """With ``-o pins``: the pin file can be read and parsed (a MountError otherwise)."""
+    if cfg.pins:
+        from refmount.targets.pins import read_pins
+
+        try:
+            read_pins(cfg.pins)
+        except ConfigError as e:
+            raise MountError(str(e)) from None
+
+
+def check_index_targets(cfg: MountConfig, index_file: IndexFile) -> None:
+    """Refuse the set if a target known before mounting may not be read (TargetRefused), or,
+    with ``-o pins``, is not pinned."""
+    targets = format_named(index_file.kind).targets(index_file)
+    if cfg.pins:
+        from refmount.targets.pins import read_pins
+
+        pins = read_pins(cfg.pins)
+        targets = list(targets)
+        unpinned = [(url, key_of) for url, key_of in targets if url not in pins]
+        if unpinned:
+            url, key_of = unpinned[0]
+            raise TargetRefused(f"key {key_of()!r}: {redact_url(url)}: not pinned in {cfg.pins} "
+                                f"({len(unpinned):,} of the set's {len(targets):,} targets are "
+                                "not); pin them with 'refmount verify SOURCE --pin FILE'")
+    check_targets(cfg, targets)
+
+
+def advise_on_decoding(cfg: MountConfig, index_file: IndexFile) -> None:
+    """On stderr before the daemon takes over (its warnings go to its log): with ``-o decode``,
+    the arrays served as referenced; without it, one note when some arrays are compressed or
+    big-endian, which clients without zarr's codecs (ncdump, CDO, NCO, GDAL) would read as
+    plausible wrong numbers."""
+    from refmount.decode.view import DecodedView
+
+    metadata = format_named(index_file.kind).metadata(index_file, cfg.source, cfg.target_options,
+                                                      bad_keys=cfg.bad_keys)
+    view = DecodedView.from_index(metadata, cfg.max_chunk_bytes)
+    if cfg.decode:
+        view.warn()
+        return
+    if not view.arrays:
+        return
+    names = sorted(path or "/" for path in view.arrays)
+    codecs = sorted({c for path in view.arrays for c in view.codecs.get(path, [])})
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    how = f"use codecs ({', '.join(codecs)})" if codecs else "are stored big-endian"
+    print(f"refmount: note: arrays {shown} {how}: clients without zarr's codecs (ncdump, CDO, "
+          "NCO, GDAL) would read their chunks as raw bytes; mount with -o decode for them",
+          file=sys.stderr)
+
+
+def remove_temporary(index_file: IndexFile) -> None:
+    """Remove a temporary index file (a persisted one under ``cache_dir/index`` stays)."""
+    if index_file.temporary:
+        with contextlib.suppress(OSError):
+            os.unlink(index_file.path)

@@ -1,0 +1,579 @@
+"""Many reference sets served at once: each opened on first use, a bounded number kept open,
+a changed one swapped for its new version.
+
+A catalogue mount (``-o catalog``) and a mount with ``reload=SEC`` serve their sets through
+:class:`Sets`, one :class:`SetSlot` per set of the catalogue (a single-set mount with
+``reload`` is one slot). A slot is opened on first use: SOURCE is identified
+(``source_identity``), indexed by the indexer process and the index mapped into a
+``core.SetCore`` (``index_and_build``, run in a worker thread, never on the trio loop), at
+most ``max_indexing`` at a time and once per slot however many readers ask at once. The
+opened core is a :class:`SetVersion`, known by a version id (``vid``) that the front ends
+put in front of the core's own inode numbers and paths: a file opened on a version keeps
+reading that version's core until it is closed.
+
+At most ``max_open`` slots keep a version open; opening one more closes the version of the
+least recently used slot that is idle (no open file, no request in flight). A reload check
+(``check``, see ``sets/reload.py``) identifies each opened slot's SOURCE again; a changed one is
+indexed in the background and its new version swapped in: new requests see it, files
+already open keep the old version, which is closed once the last of them is. A new version
+that fails to index keeps the last good one and records the error (``SetSlot.error``,
+``refmount stats``, the set directory's xattrs). ``update`` applies a re-read catalogue:
+sets appear, disappear, or are re-indexed when their entry changed.
+
+Front ends hear of what changes through :class:`SetEvents` (the mount drops the kernel's
+cached names). Nothing here knows FUSE or HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from refmount.base.redact import redact_url
+
+if TYPE_CHECKING:
+    from refmount.serving.indexer import IndexerProcesses
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Entry", "Opened", "SetEvents", "SetSlot", "SetUnavailable", "SetVersion", "Sets",
+           "index_and_build", "set_config"]
+
+
+class Entry(Protocol):
+    """One set of a catalogue (``catalog.CatalogEntry``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def options(self) -> Mapping[str, str]: ...
+
+
+class SetUnavailable(Exception):
+    """A set that cannot be served now (its first indexing failed): the reason."""
+
+
+@dataclass
+class Opened:
+    """What opening a set gives: its core (``core.SetCore`` or anything with its lifecycle),
+    what identified SOURCE before it was indexed, and the index it maps (the same ``key``
+    means the same inode numbers)."""
+
+    core: Any
+    identity: str
+    key: str
+
+
+@dataclass(eq=False)
+class SetVersion:
+    """One opened core of a slot. ``front`` is the front end's own object over it."""
+
+    vid: int
+    number: int  # 1 for a slot's first version, then one more per reload
+    name: str
+    core: Any
+    identity: str
+    key: str
+    opened: float = field(default_factory=time.time)
+    front: Any = None
+    handles: int = 0  # open files
+    active: int = 0  # requests in flight
+    retired: bool = False  # replaced, closed by the LRU bound, or its set removed
+    closing: trio.Event = field(default_factory=trio.Event)
+    closed: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def idle(self) -> bool:
+        return self.handles == 0 and self.active == 0
+
+
+@dataclass(eq=False)
+class SetSlot:
+    """One set of the catalogue, opened or not."""
+
+    name: str
+    entry: Any
+    vid: int  # the version id the front ends show now (reserved before the first open)
+    current: SetVersion | None = None
+    versions: int = 0  # versions seen so far (the number of the newest)
+    last_used: float = 0.0  # trio.current_time() of the last request
+    last_check: float | None = None  # wall time of the last reload check
+    last_reload: float | None = None  # wall time a new version was swapped in
+    error: str | None = None  # why the last indexing failed (the last good version serves)
+    failed_identity: str | None = None  # the SOURCE identity that failed: not tried again
+    last_key: str = ""  # the index of the last version (a reopen of the same keeps the vid)
+    removed: bool = False
+    reloading: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        """The slot as ``refmount stats`` shows it."""
+        cur = self.current
+        out: dict[str, Any] = {"state": "open" if cur is not None else "closed"}
+        if self.versions:
+            out["version"] = self.versions
+        if cur is not None:
+            out["open_files"] = cur.handles
+        if self.last_reload is not None:
+            out["last_reload"] = _stamp(self.last_reload)
+        if self.last_check is not None:
+            out["last_check"] = _stamp(self.last_check)
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+def _stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+class SetEvents:
+    """What a front end hears of (all called on the trio loop; default: nothing)."""
+
+    def made(self, version: SetVersion) -> None:
+        """A version was opened: ``version.front`` may be set here."""
+
+    def replaced(self, slot: SetSlot, old_vid: int, new_vid: int) -> None:
+        """The version id shown for ``slot`` changed (a reload, a reopened changed set)."""
+
+    def added(self, slot: SetSlot) -> None:
+        """A set appeared in the catalogue."""
+
+    def removed(self, slot: SetSlot) -> None:
+        """A set disappeared from the catalogue."""
+
+
+OpenSet = Callable[[str, Any], Opened]  # blocking: (name, entry) -> Opened, or raises
+Identify = Callable[[Any], str]  # blocking: entry -> the identity of its SOURCE now
+
+
+class Sets:
+    """The slots of a catalogue (see the module's docstring).
+
+    ``open_set`` and ``identify`` block (run in worker threads). ``attach(nursery, loop)``
+    before use: each version's core runs in a nursery of its own in ``nursery``."""
+
+    def __init__(self, entries: Mapping[str, Any], *, open_set: OpenSet, identify: Identify,
+                 max_open: int, events: SetEvents | None = None, max_indexing: int = 2,
+                 max_identify: int = 8) -> None:
+        self._open_set = open_set
+        self._identify = identify
+        self.max_open = max(1, max_open)
+        self.events = events or SetEvents()
+        self._vids = itertools.count(1)
+        self.slots: dict[str, SetSlot] = {}
+        self._by_vid: dict[int, SetSlot] = {}  # a slot's shown vid -> the slot
+        self._versions: dict[int, SetVersion] = {}  # vid -> an opened version not yet closed
+        self._opening: dict[str, trio.Event] = {}
+        self._open: set[SetSlot] = set()  # the slots with a current version
+        self._names: list[str] | None = None  # sorted, made again when sets come or go
+        self._indexing = trio.CapacityLimiter(max(1, max_indexing))
+        self._identifying = trio.CapacityLimiter(max(1, max_identify))
+        self._nursery: trio.Nursery | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        for name in sorted(entries):
+            self._add(name, entries[name])
+
+    # ---- wiring --------------------------------------------------------------------------
+    def attach(self, nursery: trio.Nursery, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._nursery = nursery
+        self._loop = loop
+
+    def _add(self, name: str, entry: Any) -> SetSlot:
+        self._names = None
+        slot = SetSlot(name, entry, next(self._vids))
+        self.slots[name] = slot
+        self._by_vid[slot.vid] = slot
+        return slot
+
+    # ---- what front ends ask -------------------------------------------------------------
+    def names(self) -> list[str]:
+        if self._names is None:
+            self._names = sorted(self.slots)
+        return self._names
+
+    def slot(self, name: str) -> SetSlot | None:
+        return self.slots.get(name)
+
+    def slot_of(self, vid: int) -> SetSlot | None:
+        """The slot whose shown version id is ``vid`` (opened or not)."""
+        return self._by_vid.get(vid)
+
+    def version(self, vid: int) -> SetVersion | None:
+        """The opened version ``vid``, if it is still open (no opening)."""
+        v = self._versions.get(vid)
+        return v if v is not None and not v.closing.is_set() else None
+
+    def open_versions(self) -> list[SetVersion]:
+        """Every version open now (current ones and replaced ones still read)."""
+        return [v for v in self._versions.values() if not v.closing.is_set()]
+
+    def versions_of(self, name: str) -> list[SetVersion]:
+        return [v for v in self.open_versions() if v.name == name]
+
+    @property
+    def opened(self) -> int:
+        return len(self._open)
+
+    async def get(self, vid: int) -> SetVersion | None:
+        """The version ``vid``, opening its slot when ``vid`` is what the slot shows; None
+        when ``vid`` is gone (replaced and closed, or its set removed). SetUnavailable when
+        the set cannot be opened."""
+        version = self.version(vid)
+        if version is not None:
+            return version
+        slot = self._by_vid.get(vid)
+        if slot is None or slot.removed:
+            return None
+        version = await self.open(slot)
+        return version if version.vid == vid else None
+
+    async def open(self, slot: SetSlot) -> SetVersion:
+        """The slot's current version, opened now if it is not (single-flight per slot)."""
+        while True:
+            if slot.current is not None:
+                slot.last_used = trio.current_time()
+                return slot.current
+            if slot.removed:
+                raise SetUnavailable(f"set {slot.name!r} was removed from the catalogue")
+            busy = self._opening.get(slot.name)
+            if busy is None:
+                break
+            await busy.wait()
+            if slot.current is None and slot.error is not None:
+                raise SetUnavailable(slot.error)
+        self._opening[slot.name] = done = trio.Event()
+        try:
+            if slot.error is not None and slot.failed_identity is not None:
+                # The same SOURCE failed before: say so without indexing it again.
+                identity = await self._identity(slot)
+                if identity == slot.failed_identity:
+                    raise SetUnavailable(slot.error)
+            opened = await self._index(slot, slot.entry)
+            version = await self._install(slot, opened)
+        finally:
+            del self._opening[slot.name]
+            done.set()
+        await self._bound(keep=slot)
+        return version
+
+    @contextlib.asynccontextmanager
+    async def using(self, version: SetVersion) -> AsyncIterator[SetVersion]:
+        """A request in flight on ``version`` (it is not closed meanwhile)."""
+        version.active += 1
+        slot = self.slots.get(version.name)
+        if slot is not None and slot.current is version:
+            slot.last_used = trio.current_time()
+        try:
+            yield version
+        finally:
+            version.active -= 1
+            self._settle(version)
+
+    def hold(self, version: SetVersion) -> None:
+        """A file was opened on ``version``."""
+        version.handles += 1
+
+    def drop(self, version: SetVersion) -> None:
+        """A file opened on ``version`` was closed."""
+        version.handles -= 1
+        self._settle(version)
+
+    def _settle(self, version: SetVersion) -> None:
+        if not version.idle:
+            return
+        if version.retired:
+            self._close(version)
+        elif self.opened > self.max_open and self._nursery is not None:
+            self._nursery.start_soon(self._bound)
+
+    # ---- opening and closing versions ------------------------------------------------------
+    async def _identity(self, slot: SetSlot) -> str:
+        return await trio.to_thread.run_sync(self._identify, slot.entry, limiter=self._identifying,
+                                             abandon_on_cancel=True)
+
+    async def _index(self, slot: SetSlot, entry: Any) -> Opened:
+        """Identify and index ``entry`` and build its core, in a worker thread; the failure
+        is the slot's error (SetUnavailable)."""
+        began = time.monotonic()
+        try:
+            # abandoned when cancelled (unmounting): the indexer dies with this process
+            opened = await trio.to_thread.run_sync(self._open_set, slot.name, entry,
+                                                   limiter=self._indexing, abandon_on_cancel=True)
+        except Exception as e:
+            message = redact_url(str(e) or type(e).__name__)
+            slot.error = message
+            with contextlib.suppress(Exception):
+                slot.failed_identity = await self._identity(slot)
+            raise SetUnavailable(message) from None
+        log.info("set %s: opened in %.2f s", slot.name or "/", time.monotonic() - began)
+        return opened
+
+    async def _install(self, slot: SetSlot, opened: Opened) -> SetVersion:
+        """Make ``opened`` the slot's current version and start its core."""
+        old = slot.current
+        if old is None and opened.key == slot.last_key and slot.versions:
+            vid = slot.vid  # the same index reopened (closed by the bound): the same version
+        elif slot.versions == 0:
+            vid = slot.vid  # the first version: the vid shown before it opened
+            slot.versions = 1
+        else:
+            vid = next(self._vids)
+            slot.versions += 1
+        version = SetVersion(vid, slot.versions, slot.name, opened.core, opened.identity, opened.key)
+        await self._start(version)
+        self._versions[vid] = version
+        self.events.made(version)
+        slot.current, slot.last_key = version, opened.key
+        self._open.add(slot)
+        slot.error = slot.failed_identity = None
+        slot.last_used = trio.current_time()
+        if vid != slot.vid:
+            old_vid = slot.vid
+            del self._by_vid[old_vid]
+            slot.vid = vid
+            self._by_vid[vid] = slot
+            if slot.versions > 1:
+                slot.last_reload = time.time()
+            self.events.replaced(slot, old_vid, vid)
+        if old is not None:
+            self._retire(old)
+        return version
+
+    async def _start(self, version: SetVersion) -> None:
+        assert self._nursery is not None, "attach() first"
+        await self._nursery.start(self._run_version, version)
+
+    async def _run_version(self, version: SetVersion, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """A version's core runs in a nursery of its own until it is closed."""
+        core = version.core
+        try:
+            if self._loop is not None:
+                core.bind_loop(self._loop)
+            async with trio.open_nursery() as nursery:
+                core.start(nursery, None)
+                task_status.started()
+                with contextlib.suppress(Exception):
+                    await core.warm()
+                await version.closing.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                if self._loop is not None:
+                    from refmount.targets.fetch import await_task
+
+                    with contextlib.suppress(Exception):
+                        await await_task(self._loop, core.aclose())
+                await trio.to_thread.run_sync(core.close)
+                if self._versions.get(version.vid) is version:
+                    del self._versions[version.vid]
+                version.closed.set()
+                log.info("set %s: version %d closed", version.name or "/", version.number)
+
+    def _retire(self, version: SetVersion) -> None:
+        version.retired = True
+        if version.idle:
+            self._close(version)
+
+    def _close(self, version: SetVersion) -> None:
+        version.retired = True
+        version.closing.set()
+
+    async def _bound(self, keep: SetSlot | None = None) -> None:
+        """Close the least recently used idle slots beyond ``max_open`` (never ``keep``,
+        the slot just opened for a request)."""
+        while self.opened > self.max_open:
+            idle = [s for s in self._open
+                    if s.current is not None and s.current.idle and s.name not in self._opening
+                    and s is not keep]
+            if not idle:
+                return  # every open set is in use: closed once one is idle
+            slot = min(idle, key=lambda s: s.last_used)
+            version = slot.current
+            assert version is not None
+            slot.current = None
+            self._open.discard(slot)
+            log.info("set %s: closed (least recently used of %d open, max_open_sets=%d)",
+                     slot.name or "/", self.opened + 1, self.max_open)
+            self._close(version)
+
+    # ---- reloading -------------------------------------------------------------------------
+    async def check(self) -> int:
+        """Identify every opened slot's SOURCE again and re-index those that changed (at most
+        ``max_indexing`` at a time); the number of versions swapped in."""
+        swapped = 0
+
+        async def one(slot: SetSlot) -> None:
+            nonlocal swapped
+            if await self.reload(slot):
+                swapped += 1
+
+        async with trio.open_nursery() as nursery:
+            for slot in list(self._open):
+                if slot.current is not None and not slot.reloading:
+                    nursery.start_soon(one, slot)
+        return swapped
+
+    async def reload(self, slot: SetSlot, entry: Any = None) -> bool:
+        """Re-index ``slot`` if its SOURCE changed (or with a new ``entry``) and swap the new
+        version in; False if unchanged, not open, or the new version failed (the error kept)."""
+        if slot.reloading or slot.removed:
+            return False
+        slot.reloading = True
+        try:
+            changed_entry = entry is not None
+            if changed_entry:
+                slot.entry = entry
+            current = slot.current
+            if current is None:
+                return False
+            try:
+                identity = await self._identity(slot)
+            except Exception as e:
+                slot.error = redact_url(f"cannot identify SOURCE: {e}")
+                log.error("set %s: %s (the opened version keeps serving)", slot.name or "/", slot.error)
+                return False
+            finally:
+                slot.last_check = time.time()
+            if not changed_entry and identity == current.identity:
+                slot.error = slot.failed_identity = None  # back to what serves
+                return False
+            if not changed_entry and identity == slot.failed_identity:
+                return False
+            try:
+                opened = await self._index(slot, slot.entry)
+            except SetUnavailable as e:
+                log.error("set %s: the new version cannot be served, version %d keeps serving: %s",
+                          slot.name or "/", current.number, e)
+                return False
+            if slot.removed or slot.current is not current:  # closed or removed meanwhile
+                await self._discard(opened)
+                return False
+            version = await self._install(slot, opened)
+            log.info("set %s: version %d swapped in", slot.name or "/", version.number)
+            return True
+        finally:
+            slot.reloading = False
+
+    async def _discard(self, opened: Opened) -> None:
+        with contextlib.suppress(Exception):
+            await trio.to_thread.run_sync(opened.core.close)
+
+    def update(self, entries: Mapping[str, Any]) -> tuple[list[str], list[str], list[str]]:
+        """Apply a re-read catalogue: (added, removed, changed) names. A changed entry of an
+        opened set is re-indexed in the background; of a closed one, used at its next open."""
+        added = [n for n in entries if n not in self.slots]
+        removed = [n for n in self.slots if n not in entries]
+        changed = [n for n in entries if n in self.slots and entries[n] != self.slots[n].entry]
+        for name in removed:
+            self._names = None
+            slot = self.slots.pop(name)
+            slot.removed = True
+            self._by_vid.pop(slot.vid, None)
+            if slot.current is not None:
+                version, slot.current = slot.current, None
+                self._open.discard(slot)
+                self._retire(version)
+            self.events.removed(slot)
+        for name in sorted(added):
+            self.events.added(self._add(name, entries[name]))
+        for name in changed:
+            slot = self.slots[name]
+            if slot.current is None:
+                slot.entry = entries[name]
+                slot.error = slot.failed_identity = None
+            elif self._nursery is not None:
+                self._nursery.start_soon(self.reload, slot, entries[name])
+        for what, names in (("added", added), ("removed", removed), ("changed", changed)):
+            if names:
+                log.info("catalogue: %s %s", what, ", ".join(sorted(names)[:10])
+                         + (f" and {len(names) - 10} more" if len(names) > 10 else ""))
+        return added, removed, changed
+
+    # ---- state and shutdown ------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """``refmount stats``' view: counts, and each slot that was ever opened or failed."""
+        sets = {name: s.describe() for name, s in sorted(self.slots.items())
+                if s.versions or s.error is not None}
+        return {"sets": len(self.slots), "sets_open": self.opened, "max_open_sets": self.max_open,
+                "set_states": sets}
+
+    async def aclose(self) -> None:
+        """Close every version and wait until they are."""
+        versions = list(self._versions.values())
+        for version in versions:
+            self._close(version)
+        for slot in self.slots.values():
+            slot.current = None
+        self._open.clear()
+        for version in versions:
+            await version.closed.wait()
+
+
+# ---- the concrete opener: the indexer process and a core ---------------------------------
+
+MIN_SET_MEMORY = 8 * 2**20  # the least memory cache an open set of a catalogue gets
+
+
+def set_config(cfg: Any, entry: Any) -> Any:
+    """The configuration of one set: the mount's, with the entry's SOURCE and its options
+    (only those ``catalog.PER_SET_OPTIONS`` names) over it. ConfigError for another."""
+    from refmount.base.errors import ConfigError
+    from refmount.base.urls import is_local, local_path
+    from refmount.config import OPTIONS_BY_NAME, Flag, apply_options
+    from refmount.sets.catalog import PER_SET_OPTIONS
+
+    source = entry.source
+    if is_local(source):
+        source = os.path.abspath(local_path(source))
+    changes: dict[str, Any] = {"source": source}
+    for name in ("catalog", "reload"):  # the set itself is one plain set
+        option = OPTIONS_BY_NAME.get(name)
+        if option is not None:
+            changes[option.attr] = option.default() if callable(option.default) else option.default
+    if getattr(cfg, "catalog", False):  # the memory cache, shared out among the open sets
+        share = cfg.memory_cache_size // max(1, cfg.max_open_sets)
+        changes["memory_cache_size"] = min(cfg.memory_cache_size, max(share, MIN_SET_MEMORY))
+    out = dataclasses.replace(cfg, **changes)
+    if out.allow_local is None and is_local(cfg.source) and (out.allow_other or out.allow_root
+                                                             or out.serving):
+        # A shared mount's local targets: beneath the catalogue's directory (its default).
+        out.allow_local = cfg.local_roots()
+    options = []
+    for name, value in dict(entry.options).items():
+        option = OPTIONS_BY_NAME.get(name)
+        if option is None or name not in PER_SET_OPTIONS:
+            raise ConfigError(f"set {entry.name!r}: option {name!r} cannot be set per set "
+                              f"(allowed: {', '.join(sorted(PER_SET_OPTIONS))})")
+        options.append(name if isinstance(option.kind, Flag) else f"{name}={value}")
+    apply_options(out, options)
+    return out
+
+
+def index_and_build(cfg: Any, entry: Any, identify: Identify, indexer: IndexerProcesses) -> Opened:
+    """Open one set (blocking): identify its SOURCE, index it in an indexer process (its
+    persisted index reused when SOURCE is unchanged), map the index into a core."""
+    from refmount.core.setcore import build_core
+
+    set_cfg = set_config(cfg, entry)
+    identity = identify(entry)
+    index_file = indexer.index(set_cfg)
+    try:
+        core = build_core(set_cfg, index_file)
+    finally:
+        if index_file.temporary:  # mapped: the file can go
+            with contextlib.suppress(OSError):
+                os.unlink(index_file.path)
+    key = "" if index_file.temporary else f"{index_file.kind}:{index_file.path}:{identity}"
+    return Opened(core, identity, key or f"temporary:{id(core)}")

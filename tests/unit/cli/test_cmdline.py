@@ -1,0 +1,116 @@
+"""Credentials off the command line (refmount/cli/cmdline.py): what is masked, that the process's
+own /proc/PID/cmdline is rewritten argument by argument, and ``--env``'s configuration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from refmount.base.errors import ConfigError
+from refmount.cli.cmdline import (
+    ENV_OPTIONS,
+    ENV_SOURCE,
+    configuration_environment,
+    masked_argument,
+    masked_arguments,
+    secrets_in,
+    take_configuration,
+)
+from refmount.cli.main import config_from_args
+
+SECRET = "SENTINEL-c0ffee"
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("arg, shown", [
+    (f"https://user:{SECRET}@host/refs.json", "https://***@host/refs.json"),
+    (f"s3://b/refs.json?X-Amz-Signature={SECRET}", "s3://b/refs.json?X-Amz-Signature=***"),
+    (f'remote_options={{"key": "{SECRET}"}},timeout=3', "remote_options=***,timeout=3"),
+    (f'-otarget_options={{"headers": {{"X": "{SECRET}"}}}}', "-otarget_options=***"),
+    (f'ro,remote_options={{"a": ["{SECRET}", 1]}},target_options={{"b": 2}}',
+     "ro,remote_options=***,target_options=***"),
+    ("remote_options=@/etc/refmount/s3.json", "remote_options=@/etc/refmount/s3.json"),
+    ("/mnt/data", "/mnt/data"),
+    ("-f", "-f"),
+])
+def test_masked_arguments(arg, shown):
+    assert masked_argument(arg) == shown
+    assert SECRET not in masked_argument(arg)
+
+
+def test_the_tools_target_options_are_masked():
+    args = ["refmount", "inspect", "s3://b/r.json", "--target-options", f'{{"key": "{SECRET}"}}',
+            f'--target-options={{"secret": "{SECRET}"}}', "--target-options", "@/etc/x.json"]
+    assert masked_arguments(args) == ["refmount", "inspect", "s3://b/r.json", "--target-options",
+                                      "***", "--target-options=***", "--target-options",
+                                      "@/etc/x.json"]
+    assert "inline remote_options/target_options JSON" in secrets_in(args)
+
+
+def test_only_credentials_warn():
+    assert secrets_in(["refmount", "/srv/r.json", "/mnt", "-o", 'remote_options={"anon": true}']) == []
+    assert secrets_in(["-o", 'remote_options={"key": "x"}']) == ["inline remote_options/target_options JSON"]
+    assert secrets_in([f"http://u:{SECRET}@h/r.json"]) == ["a password, token or signature"]
+    assert secrets_in(["-o", "remote_options={not json"]) == ["inline remote_options/target_options JSON"]
+
+
+def test_the_process_command_line_is_rewritten_argument_by_argument(tmp_path):
+    """A fresh interpreter with secrets in argv masks them: /proc/PID/cmdline (read by another
+    process) keeps every argument, masked, and the warning names what was there."""
+    code = ("import sys, time; from refmount.cli.cmdline import hide_credentials; "
+            "w = hide_credentials(); print(w, flush=True); sys.stdin.read()")
+    argv = [sys.executable, "-c", code, f"http://u:{SECRET}@h/r.json", "/mnt/x", "-o",
+            f'remote_options={{"client_kwargs": {{"headers": {{"Authorization": "{SECRET}"}}}}}},ro']
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=REPO)
+    try:
+        warning = proc.stdout.readline()
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+    finally:
+        proc.communicate("", timeout=30)
+    assert SECRET.encode() not in cmdline
+    args = cmdline.rstrip(b"\0").split(b"\0")
+    assert args == [a.encode() for a in argv[:3]] + [b"http://***@h/r.json", b"/mnt/x", b"-o",
+                                                      b"remote_options=***,ro"]
+    assert "inline remote_options" in warning and "password" in warning and SECRET not in warning
+
+
+def test_nothing_to_hide_leaves_the_command_line_alone():
+    code = "from refmount.cli.cmdline import hide_credentials; print(hide_credentials())"
+    r = subprocess.run([sys.executable, "-c", code, "/srv/r.json", "/mnt", "-o",
+                        'remote_options={"anon": true}'], capture_output=True, text=True,
+                       cwd=REPO, timeout=30)
+    assert r.stdout.strip() == "None", r.stderr
+
+
+def _args(*positional: str | None, env: bool = True, options: list[str] | None = None
+          ) -> argparse.Namespace:
+    source, mountpoint = [*positional, None, None][:2]
+    return argparse.Namespace(source=source, mountpoint=mountpoint, options=options or [],
+                              debug=False, foreground=True, env=env)
+
+
+def test_env_configuration_is_taken_out_of_the_environment(tmp_path):
+    opts = [f'remote_options={json.dumps({"key": SECRET})}', "timeout=7"]
+    environ = configuration_environment("s3://bucket/refs.json", opts, base={"PATH": "/bin"})
+    cfg = config_from_args(_args(str(tmp_path), options=["timeout=9"]), environ)
+    assert cfg.source == "s3://bucket/refs.json"
+    assert cfg.mountpoint == str(tmp_path)
+    assert cfg.remote_options == {"key": SECRET}
+    assert cfg.timeout == 9  # the command line's -o comes after the environment's
+    assert environ == {"PATH": "/bin"}, "the children would inherit the configuration"
+
+
+def test_env_needs_source_and_takes_only_the_mountpoint(tmp_path):
+    with pytest.raises(ConfigError, match=ENV_SOURCE):
+        config_from_args(_args(str(tmp_path)), {})
+    with pytest.raises(ConfigError, match="only MOUNTPOINT"):
+        config_from_args(_args("/srv/r.json", str(tmp_path)), {ENV_SOURCE: "/srv/r.json"})
+    with pytest.raises(ConfigError, match="SOURCE and MOUNTPOINT"):
+        config_from_args(_args(str(tmp_path), env=False), {})
+    assert take_configuration({ENV_OPTIONS: "ro"}) == (None, ["ro"])

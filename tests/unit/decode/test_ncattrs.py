@@ -1,0 +1,160 @@
+"""The attribute rule of the decoded view without FUSE: ``_FillValue`` from ``fill_value``, typed
+as the array's dtype for netCDF-C's NCZarr; everything else as referenced; the same in
+``.zmetadata``; the raw metadata untouched."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from refmount.decode.ncattrs import NCZARR_ATTR, is_fill_of, netcdf_type, netcdf_zattrs
+from refmount.decode.view import DecodedView
+
+
+def zarray(dtype="<f4", fill_value=None, **kw) -> dict:
+    return {"zarr_format": 2, "shape": [4, 6], "chunks": [2, 3], "dtype": dtype,
+            "compressor": {"id": "zlib", "level": 1}, "filters": None,
+            "fill_value": fill_value, "order": "C", **kw}
+
+
+DIMS = {"_ARRAY_DIMENSIONS": ["y", "x"], "units": "K", "long_name": "air temperature"}
+
+
+@pytest.mark.parametrize("dtype, fill, nctype", [
+    ("<f4", -9999.0, "<f4"),  # kerchunk's netCDF4 float
+    (">f4", 1.0000000200408773e20, "<f4"),  # netCDF3 (big-endian)
+    ("<f8", "NaN", "<f8"),
+    ("<f8", "-Infinity", "<f8"),
+    ("<i4", -1, "<i4"),
+    (">i2", -999, "<i2"),  # a packed short
+    ("|i1", -127, "<i1"),
+    ("|u1", 255, "<u1"),
+    ("<u8", 2**64 - 1, "<u8"),
+    ("<i8", -(2**63), "<i8"),
+    ("<f4", 0, "<f4"),  # a JSON integer for a float array
+    ("<i2", -32767.0, "<i2"),  # an integral JSON number for an integer array
+])
+def test_fill_value_becomes_a_typed_fill_value_attribute(dtype, fill, nctype):
+    out = netcdf_zattrs(zarray(dtype, fill), DIMS)
+    assert out is not None
+    assert list(out) == ["_FillValue", *DIMS, NCZARR_ATTR]  # first, the rest in their order
+    assert out["_FillValue"] == fill
+    assert out[NCZARR_ATTR] == {"types": {"_FillValue": nctype}}
+    assert {k: out[k] for k in DIMS} == DIMS
+
+
+@pytest.mark.parametrize("meta, attrs", [
+    (zarray("<f4", None), DIMS),  # no fill value
+    (zarray("<f2", 0.0), DIMS),  # not a netCDF type
+    (zarray("<c8", 0.0), DIMS),
+    (zarray("|b1", False), DIMS),
+    (zarray("<M8[ns]", 0), DIMS),
+    (zarray("|S4", ""), DIMS),
+    (zarray("<U3", ""), DIMS),
+    (zarray([["a", "<i4"], ["b", "<f8"]], "AAAAAAAAAAAAAAAA"), DIMS),  # structured
+    (zarray("<f4", "a string"), DIMS),  # not a fill value of the dtype
+    (zarray("<f4", True), DIMS),
+    (zarray("<i2", 40000), DIMS),  # out of range
+    (zarray("<i4", 1.5), DIMS),
+    (zarray("<u1", -1), DIMS),
+    (zarray("<f4", -9999.0), {**DIMS, NCZARR_ATTR: "not an object"}),  # malformed: left alone
+    (zarray("<f4", -9999.0), {**DIMS, NCZARR_ATTR: {"types": ["<f4"]}}),
+    ("not an object", DIMS),
+    (zarray("<f4", -9999.0), ["not", "an", "object"]),
+])
+def test_served_as_referenced(meta, attrs):
+    assert netcdf_zattrs(meta, attrs) is None
+
+
+def test_a_fill_value_attribute_already_there_is_kept_and_typed():
+    attrs = {"_FillValue": -1e20, **DIMS}
+    out = netcdf_zattrs(zarray("<f4", -9999.0), attrs)  # the attribute wins over fill_value
+    assert out == {**attrs, NCZARR_ATTR: {"types": {"_FillValue": "<f4"}}}
+    typed = {**attrs, NCZARR_ATTR: {"types": {"_FillValue": "<f8"}}}
+    assert netcdf_zattrs(zarray("<f4", -9999.0), typed) is None  # nothing to add
+    assert netcdf_zattrs(zarray("<i2", -1), {"_FillValue": "x"}) is None
+
+
+def test_existing_nczarr_types_are_kept():
+    attrs = {**DIMS, "valid_range": [0, 10],
+             NCZARR_ATTR: {"types": {"valid_range": "<i2", "_FillValue": "<i4"}, "other": 1}}
+    out = netcdf_zattrs(zarray("<i2", -1), attrs)
+    assert out is not None and out["_FillValue"] == -1
+    assert out[NCZARR_ATTR] == attrs[NCZARR_ATTR]  # the type given there stays
+    out = netcdf_zattrs(zarray("<i2", -1), {**DIMS, NCZARR_ATTR: {"other": 1}})
+    assert out is not None and out[NCZARR_ATTR] == {"other": 1, "types": {"_FillValue": "<i2"}}
+
+
+def test_netcdf_type_and_is_fill_of():
+    assert netcdf_type("<f4") == netcdf_type(">f4") == "<f4"
+    assert netcdf_type("|u1") == "<u1"
+    assert netcdf_type("not a dtype") is None
+    assert netcdf_type(None) is None
+    assert is_fill_of("Infinity", "<f8") and not is_fill_of("inf", "<f8")
+    assert is_fill_of(-128, "<i1") and not is_fill_of(-129, "<i1")
+    assert not is_fill_of(None, "<i4")
+
+
+# --- through the DecodedView ---------------------------------------------------------------
+
+
+def meta_keys(**arrays: tuple[dict, dict]) -> dict[str, bytes | None]:
+    out: dict[str, bytes | None] = {".zgroup": b'{"zarr_format": 2}',
+                                    ".zattrs": json.dumps({"title": "t"}).encode()}
+    for path, (za, attrs) in arrays.items():
+        out[f"{path}/.zarray"] = json.dumps(za).encode()
+        out[f"{path}/.zattrs"] = json.dumps(attrs).encode()
+    return out
+
+
+def test_view_serves_the_attributes_of_decoded_plain_and_nested_arrays():
+    plain = {**zarray("<i4", -1), "compressor": None}  # needs no decoding: .zattrs all the same
+    keys = meta_keys(temp=(zarray(">f4", -9999.0), DIMS), counts=(plain, DIMS),
+                     nofill=(zarray("<f4"), DIMS), **{"sub/inner": (zarray("<f8", "NaN"), DIMS)})
+    view = DecodedView(keys)
+    assert "counts" in view.plain and "temp" in view.arrays
+    for key, fill, nctype in [("temp/.zattrs", -9999.0, "<f4"), ("counts/.zattrs", -1, "<i4"),
+                              ("sub/inner/.zattrs", "NaN", "<f8")]:
+        served = view.metadata(key)
+        assert served is not None
+        attrs = json.loads(served)
+        assert attrs["_FillValue"] == fill and attrs[NCZARR_ATTR]["types"]["_FillValue"] == nctype
+        assert view.size(key, 10) == len(served)
+    assert view.metadata("nofill/.zattrs") is None  # served as referenced
+    assert view.metadata(".zattrs") is None  # a group's attributes
+    assert view.size("nofill/.zattrs", 123) == 123
+    sizer = view.entry_sizer("temp")
+    assert sizer(".zattrs", 5) == len(view.metadata("temp/.zattrs") or b"")
+
+
+def test_view_leaves_attributes_of_arrays_it_cannot_read_alone():
+    keys = meta_keys(temp=(zarray("<f4", -9999.0), DIMS))
+    keys["temp/.zattrs"] = b"{not json"
+    keys["ref/.zarray"] = None  # not inline
+    keys["ref/.zattrs"] = json.dumps(DIMS).encode()
+    keys["odd/.zattrs"] = None
+    view = DecodedView(keys)
+    assert view.metadata("temp/.zattrs") is None
+    assert view.metadata("ref/.zattrs") is None
+    assert view.metadata("odd/.zattrs") is None
+
+
+def test_consolidated_metadata_carries_the_same_attributes():
+    za = zarray("<f4", -9999.0)
+    keys = meta_keys(temp=(za, DIMS))
+    keys[".zmetadata"] = json.dumps({"zarr_consolidated_format": 1, "metadata": {
+        ".zgroup": {"zarr_format": 2}, "temp/.zarray": za, "temp/.zattrs": DIMS,
+        "grp/.zattrs": {"a": 1}}}).encode()
+    view = DecodedView(keys)
+    zmeta = json.loads(view.metadata(".zmetadata") or b"")["metadata"]
+    assert zmeta["temp/.zattrs"] == json.loads(view.metadata("temp/.zattrs") or b"")
+    assert zmeta["temp/.zattrs"]["_FillValue"] == -9999.0
+    assert zmeta["grp/.zattrs"] == {"a": 1}
+    # an array that needs no decoding still gets its attributes there
+    plain = {**zarray("<i2", -1), "compressor": None}
+    keys = {".zmetadata": json.dumps({"zarr_consolidated_format": 1, "metadata": {
+        "p/.zarray": plain, "p/.zattrs": DIMS}}).encode(),
+        "p/.zarray": json.dumps(plain).encode(), "p/.zattrs": json.dumps(DIMS).encode()}
+    zmeta = json.loads(DecodedView(keys).metadata(".zmetadata") or b"")["metadata"]
+    assert zmeta["p/.zattrs"][NCZARR_ATTR] == {"types": {"_FillValue": "<i2"}}
