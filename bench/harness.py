@@ -601,7 +601,7 @@ class Mount:
         if self.peer != "refmount":
             return None
         try:
-            return json.loads(os.getxattr(self.mnt, "user.refmount.base.stats"))
+            return json.loads(os.getxattr(self.mnt, "user.refmount.stats"))
         except (OSError, ValueError):
             return None
 

@@ -241,7 +241,7 @@ def _format_routes(routed: dict[str, Any]) -> list[str]:
 
 # ---- stats --------------------------------------------------------------------------------
 
-STATS_XATTR = "user.refmount.base.stats"
+STATS_XATTR = "user.refmount.stats"
 
 
 def read_stats(mountpoint: str) -> dict[str, Any]:

@@ -346,13 +346,13 @@ def test_missing_chunks_stay_missing_and_decoding_is_counted(mount, tmp_path):
     assert sorted(os.listdir(m / "s")) == [".zarray", "0", "2"]
     assert not (m / "s" / "1").exists()
     assert [os.stat(m / "s" / k).st_size for k in ("0", "2")] == [16, 16]
-    stats = json.loads(os.getxattr(m.path, "user.refmount.base.stats"))
+    stats = json.loads(os.getxattr(m.path, "user.refmount.stats"))
     assert stats["decoded"] == 0, stats  # sizes come from .zarray: nothing decoded to stat
     values = zarr.open_array(str(m / "s"), mode="r")[:]
     assert values.tolist() == [0, 1, 2, 3, 7, 7, 7, 7, 8, 9, 10, 11]
     for _ in range(3):  # read again: from the page cache, not decoded again
         assert (m / "s" / "2").read_bytes() == np.arange(8, 12, dtype="<i4").tobytes()
-    assert json.loads(os.getxattr(m.path, "user.refmount.base.stats"))["decoded"] == 2
+    assert json.loads(os.getxattr(m.path, "user.refmount.stats"))["decoded"] == 2
 
 
 def test_python_api_takes_decode(odd_set, tmp_path):

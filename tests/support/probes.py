@@ -1,5 +1,5 @@
 """What a mount shows about itself, for the mount tests: its stats (the root's
-``user.refmount.base.stats`` xattr) and log lines; waiting for a condition; readers in threads."""
+``user.refmount.stats`` xattr) and log lines; waiting for a condition; readers in threads."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def run_readers(reader, n: int, timeout: float = 60) -> None:
 
 
 def stats(m) -> dict:
-    return json.loads(os.getxattr(m.path, "user.refmount.base.stats"))
+    return json.loads(os.getxattr(m.path, "user.refmount.stats"))
 
 
 def log_lines(m, needle: str) -> list[str]:
