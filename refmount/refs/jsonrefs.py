@@ -23,10 +23,9 @@ import zstandard
 from ..process import private_dir
 from ..tree import KeyTree
 from .format import Format, IndexFile, OpenedTree, Options
-from .index import (
-    INDEX_FORMAT,
-    IndexBuilder,
-    KeyIndex,
+from .index import INDEX_FORMAT, KeyIndex
+from .indexbuilder import IndexBuilder
+from .indexfiles import (
     index_family,
     prune_index_family,
     summary_metadata,

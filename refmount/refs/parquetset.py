@@ -33,7 +33,8 @@ from fsspec.implementations.local import LocalFileSystem
 from ..errors import ReadError
 from ..lru import LRU
 from ..singleflight import SingleFlight
-from .index import IndexBuilder, KeyIndex
+from .index import KeyIndex
+from .indexbuilder import IndexBuilder
 from .limits import DEFAULT_LIMITS, Limits, size_text
 from .model import Ref, ReferenceSetError, RefKind
 from .recordfile import COLUMNS, RecordRefused, read_record

@@ -33,8 +33,9 @@ from jinja2 import StrictUndefined, TemplateError, nodes
 from jinja2.sandbox import SecurityError
 
 from ..lru import LRU
-from .index import IndexBuilder, generated_why, key_too_long
+from .indexbuilder import IndexBuilder, generated_why
 from .jsonparse import Opener, json_error
+from .keyrules import key_too_long
 from .limits import DEFAULT_LIMITS, JsonReader, Limits
 from .model import INT64_MAX, ReferenceSetError
 from .sandbox import MAX_RENDERED, RENDER_MEMORY, BoundedSandbox, MemoryCap

@@ -14,7 +14,9 @@ from refmount.cache import DiskCache, aligned_buffer, round_up
 from refmount.cachedir import check_cache_dir
 from refmount.errors import MountError
 from refmount.refs import ReferenceSetError
-from refmount.refs.index import IndexBuilder, KeyIndex, write_index, write_temporary_index
+from refmount.refs.index import KeyIndex
+from refmount.refs.indexbuilder import IndexBuilder
+from refmount.refs.indexfiles import write_index, write_temporary_index
 
 OTHER = 65534  # nobody: root (the tests' user) can make files of another user with chown
 

@@ -14,7 +14,8 @@ import trio
 from refmount import cli
 from refmount.errors import FetchError
 from refmount.pins import Version, read_pins
-from refmount.refs.index import IndexBuilder, KeyIndex
+from refmount.refs.index import KeyIndex
+from refmount.refs.indexbuilder import IndexBuilder
 from refmount.verify import (
     check_targets,
     exit_status,
