@@ -18,7 +18,8 @@ from refmount.refs import ReferenceSetError, build_index
 from refmount.refs.index import KeyIndex
 from refmount.refs.limits import Limits
 from refmount.refs.model import INT64_MAX
-from refmount.refs.v1 import Dimension, RenderBudget, range_length
+from refmount.refs.v1columns import Dimension, range_length
+from refmount.refs.v1templates import RenderBudget
 from refmount.tools import expand, inspect
 
 BOUND = st.integers(-INT64_MAX, INT64_MAX)
