@@ -27,7 +27,7 @@ from . import guestloop, process
 from .config import MountConfig, describe_options, read_token, split_listen
 from .core import SetCore, build_core
 from .errors import ConfigError, MountError
-from .fetch import await_task
+from .filesystems import await_task
 from .httpserve import HttpFrontEnd
 from .httpsets import SetsRouter
 from .readiness import run_detached, sd_notify

@@ -47,7 +47,7 @@ from .consolidated import METADATA_NAMES, consolidation
 from .core import SetCore
 from .cors import cors_headers, preflight_headers
 from .errors import FetchError, ReadError
-from .fetch import await_task
+from .filesystems import await_task
 from .httprange import RangeNotSatisfiable, content_range, if_range_matches, parse_range, unsatisfied_range
 from .reader import ReadState
 from .refs import Ref, RefKind

@@ -56,9 +56,9 @@ import trio
 from .background import Background, soon_in_trio
 from .blockstore import BlockKey, Fetch, block_of
 from .cache import round_up
-from .fetch import Sink
 from .inflight import LinkEstimates
 from .lru import LRU
+from .rangeanswers import Sink
 from .stats import Stats
 
 log = logging.getLogger(__name__)

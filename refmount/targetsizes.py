@@ -15,8 +15,8 @@ from typing import Protocol
 
 from .blockstore import BlockKey
 from .cache import MemoryLRU
-from .fetch import PastEnd
 from .lru import LRU
+from .rangeanswers import PastEnd
 from .refs import Ref, RefKind
 
 log = logging.getLogger(__name__)

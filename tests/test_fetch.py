@@ -13,8 +13,10 @@ from aiohttp import web
 
 from refmount.cache import DiskCache, aligned_buffer, round_up
 from refmount.errors import FetchError
-from refmount.fetch import Fetcher, ShortRead, http_range
+from refmount.fetch import Fetcher
+from refmount.httpread import http_range
 from refmount.policy import TargetPolicy
+from refmount.rangeanswers import ShortRead
 from refmount.stats import Stats
 
 pytestmark = pytest.mark.timeout(60)

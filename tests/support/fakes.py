@@ -11,8 +11,8 @@ import trio
 import trio.testing
 
 from refmount.blockstore import BlockKey, Fetch
-from refmount.fetch import PastEnd
 from refmount.inflight import LinkEstimates
+from refmount.rangeanswers import PastEnd
 
 KiB, MiB = 2**10, 2**20
 URL = "http://example.invalid/data.bin"

@@ -11,7 +11,7 @@ from support.fakes import URL, FakeDisk, FakeFetcher, FakeWriter, KiB, MiB, cont
 
 from refmount.blockstore import BlockKey, BlockStore
 from refmount.cache import MemoryLRU
-from refmount.fetch import FetchError
+from refmount.errors import FetchError
 from refmount.reader import ReadState, RefReader
 from refmount.refs import Ref, RefKind
 from refmount.stats import Stats

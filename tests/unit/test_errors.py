@@ -14,7 +14,7 @@ import refmount.mountpoint
 from refmount.codecplan import DecodeError
 from refmount.config import MountConfig, apply_options
 from refmount.errors import ConfigError, FetchError, MountError, ReadError
-from refmount.fetch import PastEnd, ShortRead
+from refmount.rangeanswers import PastEnd, ShortRead
 
 
 def test_one_class_for_each_error() -> None:

@@ -1,4 +1,4 @@
-"""The body of a range response (``refmount.fetch.read_bounded``): read whole, or handed to a
+"""The body of a range response (``refmount.httpread.read_bounded``): read whole, or handed to a
 sink piece by piece as it arrives, never past the range asked for."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from refmount.fetch import ShortRead, read_bounded
+from refmount.httpread import read_bounded
+from refmount.rangeanswers import ShortRead
 
 
 class Body:

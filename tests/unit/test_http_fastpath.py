@@ -23,7 +23,7 @@ from refmount import guestloop
 from refmount.cli import index_source
 from refmount.config import MountConfig, apply_options
 from refmount.core import SetCore, build_core
-from refmount.fetch import await_task
+from refmount.filesystems import await_task
 from refmount.httpserve import HttpFrontEnd
 from refmount.triocall import TrioCaller
 

@@ -12,7 +12,7 @@ import pytest
 
 from refmount.config import MountConfig, apply_options
 from refmount.errors import ConfigError
-from refmount.fetch import check_response
+from refmount.httpread import check_response
 from refmount.localfile import read_range
 from refmount.pins import (
     PIN_FORMAT,

@@ -19,8 +19,9 @@ from refmount.cmdline import masked_arguments, secrets_in
 from refmount.config import ConfigError, MountConfig, apply_options, describe_options
 from refmount.core import disk_cache_key
 from refmount.errors import FetchError
-from refmount.fetch import Fetcher, mirror_down
+from refmount.fetch import Fetcher
 from refmount.policy import TargetPolicy, TargetRefused, check_targets
+from refmount.retries import mirror_down
 from refmount.stats import Stats
 from refmount.targets import (
     MAX_RULES_FILE,
