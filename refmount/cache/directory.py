@@ -15,8 +15,8 @@ starts, ``check_cache_dir``:
   one that is open to others' reading only is made private.
 
 Files in these directories are created with ``O_EXCL|O_NOFOLLOW`` under unpredictable names
-and read with ``O_NOFOLLOW`` (cache/blocks.py, refs/index.py); the writers check each directory again
-when they create it (``process.private_dir``).
+and read with ``O_NOFOLLOW`` (cache/blocks.py, refs/indexfiles.py, refs/index.py); the writers check
+each directory again when they create it (``process.private_dir``).
 """
 
 from __future__ import annotations

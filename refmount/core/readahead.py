@@ -58,8 +58,8 @@ from refmount.base.lru import LRU
 from refmount.base.stats import Stats
 from refmount.cache.blocks import round_up
 from refmount.core.blockstore import BlockKey, Fetch, block_of
-from refmount.targets.fetch import Sink
 from refmount.targets.inflight import LinkEstimates
+from refmount.targets.rangeanswers import Sink
 
 log = logging.getLogger(__name__)
 

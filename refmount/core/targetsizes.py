@@ -17,7 +17,7 @@ from refmount.base.lru import LRU
 from refmount.cache.blocks import MemoryLRU
 from refmount.core.blockstore import BlockKey
 from refmount.refs import Ref, RefKind
-from refmount.targets.fetch import PastEnd
+from refmount.targets.rangeanswers import PastEnd
 
 log = logging.getLogger(__name__)
 

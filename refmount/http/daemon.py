@@ -34,7 +34,7 @@ from refmount.http.sets import SetsRouter
 from refmount.refs import IndexFile
 from refmount.serving.readiness import run_detached, sd_notify
 from refmount.sets.setmount import SetMount, build_sets, serves_sets
-from refmount.targets.fetch import await_task
+from refmount.targets.filesystems import await_task
 
 log = logging.getLogger("refmount")
 

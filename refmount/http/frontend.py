@@ -59,7 +59,7 @@ from refmount.http.ranges import (
 from refmount.http.validators import etag_for, is_not_modified, last_modified, ref_parts
 from refmount.refs import Ref, RefKind
 from refmount.refs.tree import Node
-from refmount.targets.fetch import await_task
+from refmount.targets.filesystems import await_task
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,9 @@ import zstandard
 
 from refmount.base.process import private_dir
 from refmount.refs.format import Format, IndexFile, OpenedTree, Options
-from refmount.refs.index import (
-    INDEX_FORMAT,
-    IndexBuilder,
-    KeyIndex,
+from refmount.refs.index import INDEX_FORMAT, KeyIndex
+from refmount.refs.indexbuilder import IndexBuilder
+from refmount.refs.indexfiles import (
     index_family,
     prune_index_family,
     summary_metadata,

@@ -33,7 +33,8 @@ from fsspec.implementations.local import LocalFileSystem
 from refmount.base.errors import ReadError
 from refmount.base.lru import LRU
 from refmount.base.singleflight import SingleFlight
-from refmount.refs.index import IndexBuilder, KeyIndex
+from refmount.refs.index import KeyIndex
+from refmount.refs.indexbuilder import IndexBuilder
 from refmount.refs.limits import DEFAULT_LIMITS, Limits, size_text
 from refmount.refs.model import Ref, ReferenceSetError, RefKind
 from refmount.refs.recordfile import COLUMNS, RecordRefused, read_record

@@ -371,7 +371,7 @@ class Sets:
         finally:
             with trio.CancelScope(shield=True):
                 if self._loop is not None:
-                    from refmount.targets.fetch import await_task
+                    from refmount.targets.filesystems import await_task
 
                     with contextlib.suppress(Exception):
                         await await_task(self._loop, core.aclose())

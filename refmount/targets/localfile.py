@@ -231,7 +231,8 @@ def size(path: str, roots: list[str] | None) -> int:
 
 
 def call(method: str, roots: list[str] | None, path: str, *args: Any, **kw: Any) -> Any:
-    """What targets/fetch.py asks of fsspec's local file system, done safely: ``cat_file`` and ``info``."""
+    """What the fetcher (targets/filesystems.py) asks of fsspec's local file system, done safely:
+    ``cat_file`` and ``info``."""
     if method == "cat_file":
         start = kw.get("start", args[0] if args else None) or 0
         end = kw.get("end", args[1] if len(args) > 1 else None)

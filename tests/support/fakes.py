@@ -11,8 +11,8 @@ import trio
 import trio.testing
 
 from refmount.core.blockstore import BlockKey, Fetch
-from refmount.targets.fetch import PastEnd
 from refmount.targets.inflight import LinkEstimates
+from refmount.targets.rangeanswers import PastEnd
 
 KiB, MiB = 2**10, 2**20
 URL = "http://example.invalid/data.bin"

@@ -14,8 +14,10 @@ from aiohttp import web
 from refmount.base.errors import FetchError
 from refmount.base.stats import Stats
 from refmount.cache.blocks import DiskCache, aligned_buffer, round_up
-from refmount.targets.fetch import Fetcher, ShortRead, http_range
+from refmount.targets.fetch import Fetcher
+from refmount.targets.httpread import http_range
 from refmount.targets.policy import TargetPolicy
+from refmount.targets.rangeanswers import ShortRead
 
 pytestmark = pytest.mark.timeout(60)
 

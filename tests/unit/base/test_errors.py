@@ -14,7 +14,7 @@ import refmount.fuse.mountpoint
 from refmount.base.errors import ConfigError, FetchError, MountError, ReadError
 from refmount.config import MountConfig, apply_options
 from refmount.decode.codecplan import DecodeError
-from refmount.targets.fetch import PastEnd, ShortRead
+from refmount.targets.rangeanswers import PastEnd, ShortRead
 
 
 def test_one_class_for_each_error() -> None:

@@ -32,7 +32,7 @@ def test_results_exceptions_and_cancellation_cross_both_ways() -> None:
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             caller = TrioCaller(nursery)
-            from refmount.targets.fetch import await_task
+            from refmount.targets.filesystems import await_task
 
             async def asyncio_side() -> None:
                 seen["value"] = await caller.call(double, 21)

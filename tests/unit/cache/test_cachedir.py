@@ -14,7 +14,9 @@ from refmount.base.errors import MountError
 from refmount.cache.blocks import DiskCache, aligned_buffer, round_up
 from refmount.cache.directory import check_cache_dir
 from refmount.refs import ReferenceSetError
-from refmount.refs.index import IndexBuilder, KeyIndex, write_index, write_temporary_index
+from refmount.refs.index import KeyIndex
+from refmount.refs.indexbuilder import IndexBuilder
+from refmount.refs.indexfiles import write_index, write_temporary_index
 
 OTHER = 65534  # nobody: root (the tests' user) can make files of another user with chown
 

@@ -9,12 +9,12 @@ import pytest
 import trio
 from support.fakes import URL, FakeDisk, FakeFetcher, FakeWriter, KiB, MiB, content, run
 
+from refmount.base.errors import FetchError
 from refmount.base.stats import Stats
 from refmount.cache.blocks import MemoryLRU
 from refmount.core.blockstore import BlockKey, BlockStore
 from refmount.core.reader import ReadState, RefReader
 from refmount.refs import Ref, RefKind
-from refmount.targets.fetch import FetchError
 
 
 def store(fetcher: FakeFetcher, *, memory: int = 64 * MiB, disk: FakeDisk | None = None,

@@ -25,7 +25,7 @@ from refmount.cli.main import index_source
 from refmount.config import MountConfig, apply_options
 from refmount.core.setcore import SetCore, build_core
 from refmount.http.frontend import HttpFrontEnd
-from refmount.targets.fetch import await_task
+from refmount.targets.filesystems import await_task
 
 DATA = bytes(range(256)) * 64
 

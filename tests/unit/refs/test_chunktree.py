@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from refmount.refs import Ref, RefKind, chunktree
 from refmount.refs.chunktree import ChunkTree
-from refmount.refs.index import IndexBuilder, KeyIndex
+from refmount.refs.index import KeyIndex
+from refmount.refs.indexbuilder import IndexBuilder
 from refmount.refs.parquetset import ArraySpec, ParquetSet, Record
 from refmount.refs.tree import ROOT_INODE, Node
 

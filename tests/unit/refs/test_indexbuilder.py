@@ -12,13 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from refmount.refs import Ref, ReferenceSetError, RefKind
-from refmount.refs.index import (
-    IndexBuilder,
-    KeyIndex,
-    keys_that_are_directories,
-    summary_metadata,
-    write_index,
-)
+from refmount.refs.index import KeyIndex
+from refmount.refs.indexbuilder import IndexBuilder
+from refmount.refs.indexfiles import summary_metadata, write_index
+from refmount.refs.keyrules import keys_that_are_directories
 from refmount.refs.limits import Limits
 
 KEY = st.text(alphabet="ab0/", min_size=1, max_size=5).filter(
@@ -133,7 +130,8 @@ def test_keys_that_are_directories_match_the_prefixes_of_the_keys(keys: list[str
 
 DEEP_KEYS = r"""
 import resource, sys
-from refmount.refs.index import IndexBuilder, KeyIndex
+from refmount.refs.index import KeyIndex
+from refmount.refs.indexbuilder import IndexBuilder
 resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # should the bound break badly
 warm = IndexBuilder("skip")  # first use of the kernels on the same paths: not what is measured
 warm.add_items([("a/b", "v"), ("a/b.x", "v"), ("a/b/c", "v"), ("c" * 300 + "/d", "v")])

@@ -7,7 +7,8 @@ import asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from refmount.refs.index import IndexBuilder, KeyIndex
+from refmount.refs.index import KeyIndex
+from refmount.refs.indexbuilder import IndexBuilder
 from refmount.refs.tree import ROOT_INODE, KeyTree
 
 NAME = st.text(alphabet="ab0.-_/z", min_size=1, max_size=4).filter(

@@ -19,7 +19,8 @@ from refmount.refs import ReferenceSetError, build_index
 from refmount.refs.index import KeyIndex
 from refmount.refs.limits import Limits
 from refmount.refs.model import INT64_MAX
-from refmount.refs.v1 import Dimension, RenderBudget, range_length
+from refmount.refs.v1columns import Dimension, range_length
+from refmount.refs.v1templates import RenderBudget
 
 BOUND = st.integers(-INT64_MAX, INT64_MAX)
 SMALL = st.integers(-50, 50)

@@ -13,7 +13,8 @@ import trio
 
 from refmount.base.errors import FetchError
 from refmount.cli import main as cli
-from refmount.refs.index import IndexBuilder, KeyIndex
+from refmount.refs.index import KeyIndex
+from refmount.refs.indexbuilder import IndexBuilder
 from refmount.sets.verify import (
     check_targets,
     exit_status,

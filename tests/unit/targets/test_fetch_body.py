@@ -1,4 +1,4 @@
-"""The body of a range response (``refmount.targets.fetch.read_bounded``): read whole, or handed to a
+"""The body of a range response (``refmount.targets.httpread.read_bounded``): read whole, or handed to a
 sink piece by piece as it arrives, never past the range asked for."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from refmount.targets.fetch import ShortRead, read_bounded
+from refmount.targets.httpread import read_bounded
+from refmount.targets.rangeanswers import ShortRead
 
 
 class Body:

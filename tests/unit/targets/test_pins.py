@@ -13,7 +13,7 @@ import pytest
 from refmount.base.errors import ConfigError
 from refmount.base.stats import Stats
 from refmount.config import MountConfig, apply_options
-from refmount.targets.fetch import check_response
+from refmount.targets.httpread import check_response
 from refmount.targets.localfile import read_range
 from refmount.targets.pins import (
     PIN_FORMAT,

@@ -22,8 +22,9 @@ from refmount.cli.main import apply_command_options
 from refmount.cli.tools import inspect
 from refmount.config import MAX_RULES_FILE, ConfigError, MountConfig, apply_options, describe_options
 from refmount.core.setcore import disk_cache_key
-from refmount.targets.fetch import Fetcher, mirror_down
+from refmount.targets.fetch import Fetcher
 from refmount.targets.policy import TargetPolicy, TargetRefused, check_targets
+from refmount.targets.retries import mirror_down
 from refmount.targets.rules import (
     TargetRules,
     load_rules,
