@@ -12,11 +12,11 @@ types. The rule, for every attribute:
 
 * ``_FillValue``: a numeric array's fill value, from ``.zarray``'s ``fill_value`` when the
   attribute is not there (kerchunk moves it there and drops the attribute; netCDF clients find
-  missing values only in the attribute), first; typed as the array's own type. Not added when
-  ``fill_value`` is netCDF's default fill value of the type (netCDF-C reads ``fill_value`` for
-  chunks the set does not hold, and treats the default fill as missing without an attribute:
-  the original file has no attribute either). One that is not a value of the array's type is
-  left out (netCDF-C refuses it). A ``char`` array keeps a one-character text ``_FillValue``.
+  missing values only in the attribute), first; typed as the array's own type. Also when it is
+  netCDF's default fill value: kerchunk records it whether or not the original declared it,
+  and CDO treats it as missing only when declared. One that is not a value of the array's
+  type is left out (netCDF-C refuses it). A ``char`` array keeps a one-character text
+  ``_FillValue``.
 * ``missing_value``, ``valid_min``, ``valid_max``, ``valid_range``, ``flag_values``,
   ``flag_masks`` (CF: the variable's own type): the array's type when every value is one.
 * other numbers (and lists of numbers): integers ``int`` (``int64``, ``uint64`` when larger),
@@ -46,12 +46,6 @@ ARRAY_DIMENSIONS = "_ARRAY_DIMENSIONS"
 _FLOAT_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 # CF: attributes of the variable's own type
 SAME_TYPE = ("missing_value", "valid_min", "valid_max", "valid_range", "flag_values", "flag_masks")
-# netCDF's default fill values (netcdf.h), by zarr type
-DEFAULT_FILL: dict[str, int | float] = {
-    "|i1": -127, "|u1": 255, "<i2": -32767, "<u2": 65535, "<i4": -2147483647, "<u4": 4294967295,
-    "<i8": -9223372036854775806, "<u8": 18446744073709551614,
-    "<f4": float(np.float32(9.9692099683868690e36)), "<f8": 9.9692099683868690e36,
-}
 _ATTR_TYPES = {"|i1", "|u1", "<i1", "<u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f4", "<f8",
                ">i2", ">u2", ">i4", ">u4", ">i8", ">u8", ">f4", ">f8"}
 
@@ -152,9 +146,6 @@ def _fill_attr(zarray: Mapping[str, Any], zattrs: Mapping[str, Any], nctype: str
         return (fill, nctype) if is_fill_of(fill, nctype) else None
     fill = zarray.get("fill_value")
     if fill is None or not is_fill_of(fill, nctype):
-        return None
-    default = DEFAULT_FILL[nctype]
-    if not isinstance(fill, str) and fill == default:
         return None
     return fill, nctype
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .ncattrs import ARRAY_DIMENSIONS, netcdf_type
+from .ncattrs import ARRAY_DIMENSIONS, is_fill_of, netcdf_type
 
 CHAR = "<U1"
 SCALAR_DIM = "_zdim_1"
@@ -100,8 +100,8 @@ def netcdf_array(meta: Any) -> NcArray:
         return NcArray(None, "order F (netCDF-C's zarr reader reads every array in C order)")
     out = dict(meta)
     out["dtype"] = dtype
-    if dtype == CHAR:
-        out["fill_value"] = None
+    if dtype == CHAR or (out.get("fill_value") is not None and not is_fill_of(out["fill_value"], dtype)):
+        out["fill_value"] = None  # netCDF-C refuses the whole file on a fill value not of the type
     scalar = not shape
     cut = None
     if scalar:

@@ -75,10 +75,11 @@ def advise_on_decoding(cfg: MountConfig, index_file: IndexFile) -> None:
     if cfg.decode:
         view.warn()
         return
-    if not view.arrays:
+    encoded = [p for p, a in view.arrays.items() if a.codecs or a.dtype != a.out_dtype]
+    if not encoded:
         return
-    names = sorted(path or "/" for path in view.arrays)
-    codecs = sorted({c for path in view.arrays for c in view.codecs.get(path, [])})
+    names = sorted(path or "/" for path in encoded)
+    codecs = sorted({c for path in encoded for c in view.codecs.get(path, [])})
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     how = f"use codecs ({', '.join(codecs)})" if codecs else "are stored big-endian"
     print(f"refmount: note: arrays {shown} {how}: clients without zarr's codecs (ncdump, CDO, "
