@@ -17,7 +17,9 @@ reads it as the original (``netcdf_array``):
   chunk holds only the array's part of the stored one);
 * a scalar (``shape []``): ``shape [1]``, ``chunks [1]``, dimension ``_zdim_1`` (what netCDF-C
   names a length-1 dimension it has no name for; it cannot read a zarr scalar);
-* ``_ARRAY_DIMENSIONS``: netCDF-C makes every dimension name one dimension of the root group,
+* ``_ARRAY_DIMENSIONS``: netCDF-C makes every dimension name one dimension of the root group
+  (a group's dimension, which kerchunk names ``group/name``, is named ``name``: netCDF-C 4.9
+  makes a second root dimension of a path),
   so a name used with two lengths (kerchunk's combined sets, groups) keeps the name for the
   length most arrays use (an array named like the dimension first) and becomes
   ``<name>_<length>`` for the others (``resolve_dims``); a list that is not one name per axis
@@ -120,7 +122,7 @@ def array_dims(attrs: Any, nc: NcArray) -> list[str] | None:
     assert nc.shape is not None
     if (isinstance(dims, list) and len(dims) == len(nc.shape)
             and all(isinstance(d, str) and all(d.split("/")) for d in dims)):
-        return list(dims)
+        return [d.rpartition("/")[2] for d in dims]
     return None
 
 
