@@ -254,6 +254,18 @@ class DecodedView:
         rewritten."""
         return self._meta.get(key)
 
+    def zarr_metadata(self, key: str) -> bytes | None:
+        """A metadata key as zarr clients read it from consolidated metadata (``.zmetadata``
+        synthesized by ``refmount serve``): a ``.zarray`` decoded but with zarr's dtype (a
+        char array stays ``|S1``: zarr reads ``<U1`` as four bytes a character), arrays left
+        out of the netCDF side included; None: as referenced."""
+        zarr = self._zarr.get(key)
+        if zarr is not None:
+            return _dumps(zarr)
+        if key in self.hidden:
+            return None
+        return self._meta.get(key)
+
     def size(self, key: str, stored: int) -> int:
         """The served size of ``key`` whose referenced size is ``stored``."""
         meta = self._meta.get(key)

@@ -218,3 +218,16 @@ def test_xarray_over_the_decoded_mount_equals_the_raw_mount(cf, name):
         # a group's dimension (kerchunk: obs/level) is named as netCDF-C shows it
         graw = xr.open_zarr(raw.path, group="obs", consolidated=False).rename({"obs/level": "level"})
         xr.testing.assert_identical(g.load(), graw.load())
+
+
+def test_xarray_over_http_reads_char_and_left_out_variables_through_consolidated_metadata(cf, serve):
+    """``refmount serve -o decode``: its synthesized ``.zmetadata`` is zarr's side of the view
+    (char arrays ``|S1``, the variable-length strings netCDF clients do not see): xarray reads the
+    whole set, as through the raw mount."""
+    _dec, raw, orig = cf["cf4"]
+    s = serve(orig.with_suffix(".json"), "decode")
+    d = xr.open_zarr(s.url, consolidated=True)
+    r = xr.open_zarr(raw.path, consolidated=False)
+    assert set(d.variables) == set(r.variables) and "remark" in d and "station_name" in d
+    for v in ("station_name", "remark", "temp", "pres", "time"):
+        xr.testing.assert_identical(d[v].load(), r[v].load())
