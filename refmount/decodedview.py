@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
@@ -90,6 +91,8 @@ class DecodedView:
         self.hidden: set[str] = set()  # metadata keys not listed (arrays left out of netCDF)
         self._meta: dict[str, bytes] = {}  # rewritten metadata keys
         self._zarr: dict[str, dict[str, Any]] = {}  # .zarray key -> as zarr clients get it
+        # fixed-width string arrays shown as char: their chunk names (listed with ".0" added)
+        self._suffixed: dict[str, re.Pattern[str]] = {}
         nc_shown: dict[str, NcArray] = {}  # array path -> as netCDF-C is shown it
         for key, data in metadata.items():
             if not (key == ".zarray" or key.endswith("/.zarray")):
@@ -121,9 +124,13 @@ class DecodedView:
                 self.plain.add(path)
                 served = meta
             if served is not None and nc.zarray is not None:
-                zarr_side = {**served, "shape": nc.zarray["shape"], "chunks": nc.zarray["chunks"]}
+                n = len(nc.zarray["shape"]) - (1 if nc.strlen else 0)  # zarr's own dimensions
+                zarr_side = {**served, "shape": nc.zarray["shape"][:n], "chunks": nc.zarray["chunks"][:n]}
+                if nc.strlen and n:
+                    self._suffixed[path] = re.compile(r"[0-9]+" + r"\.[0-9]+" * (n - 1))
                 self._zarr[key] = zarr_side
-                self._meta[key] = _dumps({**zarr_side, "dtype": nc.zarray["dtype"],
+                self._meta[key] = _dumps({**zarr_side, "shape": nc.zarray["shape"],
+                                          "chunks": nc.zarray["chunks"], "dtype": nc.zarray["dtype"],
                                           "fill_value": nc.zarray["fill_value"]})
                 nc_shown[path] = nc
             elif served is not None:
@@ -212,8 +219,10 @@ class DecodedView:
                 nc = self._nc.get(path)
                 if nc is None and name[: -len(".zattrs")] + ".zarray" in inner:
                     continue
-                attrs = netcdf_zattrs(None if nc is None else nc.zarray, meta,
-                                      self._dims.get(path) if path in self._attr_paths else None)
+                dims = self._dims.get(path) if path in self._attr_paths else None
+                if dims is not None and nc is not None and nc.strlen:
+                    dims = dims[:-1]  # zarr's side has no string-length dimension
+                attrs = netcdf_zattrs(None if nc is None else nc.zarray, meta, dims)
                 if attrs is not None and attrs != meta:
                     new[name] = attrs
                     changed = True
@@ -302,6 +311,15 @@ class DecodedView:
 
         return size
 
+    @property
+    def has_suffixed(self) -> bool:
+        return bool(self._suffixed)
+
+    def suffixed(self, dir_path: str) -> re.Pattern[str] | None:
+        """The chunk names of a fixed-width string array at ``dir_path`` shown as char (each
+        listed with ``.0`` added, for its string-length dimension), if it is one."""
+        return self._suffixed.get(dir_path)
+
     def is_hidden(self, key: str) -> bool:
         """Whether ``key`` is a metadata key of an array left out of the netCDF side (not listed,
         not found by name)."""
@@ -364,6 +382,10 @@ class DecodedTree:
             key = (parent_path + b"/" + name) if parent_path else name
             if self.view.is_hidden(self._str(key)):
                 return None
+        if name.endswith(b".0") and self.view.has_suffixed:
+            names = self.view.suffixed(self._str(self.inner.path(parent)))
+            if names is not None and names.fullmatch(self._str(name[:-2])):
+                return await self.inner.lookup(parent, name[:-2])
         return await self.inner.lookup(parent, name)
 
     @staticmethod
@@ -375,11 +397,14 @@ class DecodedTree:
         sizer = self.view.entry_sizer(dir_path)
         prefix = dir_path + "/" if dir_path else ""
         hidden = self.view.hidden
+        suffixed = self.view.suffixed(dir_path)
         async for name, ino, is_dir, nxt, size in self.inner.entries(parent, start):
             if hidden and name[:1] == b"." and prefix + self._str(name) in hidden:
                 continue
             if not is_dir:
                 size = sizer(self._str(name), size)
+                if suffixed is not None and suffixed.fullmatch(self._str(name)):
+                    name += b".0"
             yield name, ino, is_dir, nxt, size
 
     async def ref(self, node: Any) -> Ref:

@@ -12,6 +12,9 @@ reads it as the original (``netcdf_array``):
 * ``char`` (``|S1``, what kerchunk writes): dtype ``"<U1"`` with ``fill_value`` null, one byte
   per character -- netCDF-C's own representation (it crashes on ``|S1``). Consolidated
   metadata (``.zmetadata``) keeps ``|S1`` for zarr clients, which read ``<U1`` as four bytes;
+* fixed-width strings (``|S<n>``, n > 1): ``char`` with one more dimension of length n,
+  ``string<n>``, the whole of it in each chunk (the same bytes); a chunk ``i.j`` is listed as
+  ``i.j.0`` (and found by both names). With ``dimension_separator`` ``/`` they are left out;
 * a chunk larger than the array along an axis (an unlimited dimension: HDF5 gives ``time`` of
   3 steps ``chunks [512]``; netCDF-C refuses it): the chunk is cut to the shape (the decoded
   chunk holds only the array's part of the stored one);
@@ -27,7 +30,7 @@ reads it as the original (``netcdf_array``):
 
 Left out of the netCDF side (``.zarray`` and ``.zattrs`` not listed to it; zarr clients read
 the array through consolidated metadata or the raw mount): dtypes netCDF-C's zarr reader has
-no type for (variable-length strings, fixed-width strings of more than one byte, booleans,
+no type for (variable-length strings, unicode strings, booleans,
 float16, complex, datetimes, structured), arrays with ``order`` ``F`` (netCDF-C reads them as
 C), arrays with a dimension of length 0 (netCDF-C refuses chunks of 0 or larger than the
 shape), and arrays the view cannot decode (their codecs would have to be netCDF-C's).
@@ -57,6 +60,7 @@ class NcArray:
     cut: list[int] | None = None  # the served chunk shape, when the stored chunk is cut to it
     scalar: bool = False
     shape: list[int] | None = None  # as served
+    strlen: int = 0  # fixed-width strings of this many bytes: the last dimension, added
 
 
 def nc_dtype(spec: Any) -> tuple[str | None, str | None]:
@@ -75,7 +79,7 @@ def nc_dtype(spec: Any) -> tuple[str | None, str | None]:
     if dt.kind == "O":
         return None, "variable-length values (netCDF-C 4.9's zarr reader has no string type)"
     if dt.kind == "S":
-        return None, f"fixed-width strings of {dt.itemsize} bytes (netCDF-C 4.9's zarr reader has none)"
+        return CHAR, None  # with a string-length dimension (netcdf_array)
     if dt.kind == "U":
         return None, "unicode strings (netCDF-C 4.9's zarr reader has none)"
     if dt.kind == "b":
@@ -102,16 +106,23 @@ def netcdf_array(meta: Any) -> NcArray:
         return NcArray(None, "order F (netCDF-C's zarr reader reads every array in C order)")
     out = dict(meta)
     out["dtype"] = dtype
+    strlen = 0
+    if dtype == CHAR and meta.get("dtype") not in ("|S1", "S1", ">S1", "<S1"):
+        strlen = np.dtype(meta["dtype"]).itemsize
+        if len(shape) and (meta.get("dimension_separator") or ".") != ".":
+            return NcArray(None, f"fixed-width strings of {strlen} bytes with dimension_separator '/'")
     if dtype == CHAR or (out.get("fill_value") is not None and not is_fill_of(out["fill_value"], dtype)):
         out["fill_value"] = None  # netCDF-C refuses the whole file on a fill value not of the type
-    scalar = not shape
+    scalar = not shape and not strlen
     cut = None
     if scalar:
         out["shape"], out["chunks"] = [1], [1]
     elif any(c > s for c, s in zip(chunks, shape, strict=True)):
         cut = [min(c, s) for c, s in zip(chunks, shape, strict=True)]
         out["chunks"] = cut
-    return NcArray(out, None, cut, scalar, list(out["shape"]))
+    if strlen:
+        out["shape"], out["chunks"] = [*out["shape"], strlen], [*out["chunks"], strlen]
+    return NcArray(out, None, cut, scalar, list(out["shape"]), strlen)
 
 
 def array_dims(attrs: Any, nc: NcArray) -> list[str] | None:
@@ -120,9 +131,10 @@ def array_dims(attrs: Any, nc: NcArray) -> list[str] | None:
         return [SCALAR_DIM]
     dims = attrs.get(ARRAY_DIMENSIONS) if isinstance(attrs, Mapping) else None
     assert nc.shape is not None
-    if (isinstance(dims, list) and len(dims) == len(nc.shape)
+    extra = [f"string{nc.strlen}"] if nc.strlen else []
+    if (isinstance(dims, list) and len(dims) + len(extra) == len(nc.shape)
             and all(isinstance(d, str) and all(d.split("/")) for d in dims)):
-        return [d.rpartition("/")[2] for d in dims]
+        return [d.rpartition("/")[2] for d in dims] + extra
     return None
 
 

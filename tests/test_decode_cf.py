@@ -231,3 +231,24 @@ def test_xarray_over_http_reads_char_and_left_out_variables_through_consolidated
     assert set(d.variables) == set(r.variables) and "remark" in d and "station_name" in d
     for v in ("station_name", "remark", "temp", "pres", "time"):
         xr.testing.assert_identical(d[v].load(), r[v].load())
+
+
+def test_fixed_width_strings_read_as_char_with_a_string_length_dimension(mount, tmp_path):
+    """An HDF5 fixed-width string dataset (``|S8``: h5py; netCDF has no such type): netCDF-C
+    reads it as char with a dimension ``string8``, each chunk listed with ``.0`` added."""
+    import h5py
+    from support.cfcorpus import kerchunk_refs
+
+    path = tmp_path / "strings.h5"
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("names", data=np.array([b"Aberdeen", b"Bergen", b"Cork", b"Dundee"], "S8"),
+                             chunks=(2,), compression="gzip")
+        d.attrs["long_name"] = "station name"
+    ref = tmp_path / "strings.json"
+    ref.write_text(json.dumps(kerchunk_refs(path)))
+    dec = mount(ref, "decode")
+    assert sorted(os.listdir(dec.path / "names")) == [".zarray", ".zattrs", "0.0", "1.0"]
+    assert (dec.path / "names" / "1.0").read_bytes() == b"Cork\0\0\0\0Dundee\0\0"
+    text = run("ncdump", url(dec))
+    assert re.search(r"^\tchar names\(\w+, string8\) ;$", text, re.M), text
+    assert data_tokens(text, "names") == ['"Aberdeen"', '"Bergen"', '"Cork"', '"Dundee"']

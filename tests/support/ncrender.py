@@ -45,6 +45,10 @@ def render(refset: dict, out: Path) -> DecodedView:
             array = view.array_of(key)
             if array is not None:
                 data = bytes(array.decode(data))
+        head, _, name = key.rpartition("/")
+        names = view.suffixed(head)
+        if names is not None and names.fullmatch(name):
+            key += ".0"  # a fixed-width string array shown as char: its string-length dimension
         path = out / key
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)

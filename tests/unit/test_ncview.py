@@ -54,7 +54,7 @@ def test_dimension_names_get_one_length_each():
 
 
 @pytest.mark.parametrize("dtype, why", [
-    ("|O", "variable-length"), ("|S4", "fixed-width strings of 4 bytes"), ("|b1", "booleans"),
+    ("|O", "variable-length"), ("|b1", "booleans"),
     ("<f2", "no netCDF type"), ("<U3", "unicode"), ("<M8[ns]", "no netCDF type"),
 ])
 def test_what_netcdf_cannot_read_is_left_out_with_a_reason(dtype, why):
@@ -68,3 +68,19 @@ def test_shapes_netcdf_refuses_are_left_out():
     assert "length 0" in netcdf_array(zarray("<f4", shape=(0, 3), chunks=(1, 3))).why
     assert "order F" in netcdf_array(zarray("<f4", order="F")).why
     assert netcdf_array(zarray("<f4", shape=(1, 5), chunks=(1, 5), order="F")).why is None
+
+
+def test_fixed_width_strings_are_char_with_a_string_length_dimension():
+    meta = zarray("|S5", shape=(4,), chunks=(2,), fill_value="")
+    view = view_of({"names": meta}, {"names/.zattrs": b'{"_ARRAY_DIMENSIONS": ["station"]}'})
+    served = json.loads(view.metadata("names/.zarray"))
+    assert (served["dtype"], served["shape"], served["chunks"]) == ("<U1", [4, 5], [2, 5])
+    assert json.loads(view.metadata("names/.zattrs"))["_ARRAY_DIMENSIONS"] == ["station", "string5"]
+    zarr = json.loads(view.zarr_metadata("names/.zarray"))
+    assert (zarr["dtype"], zarr["shape"], zarr["chunks"]) == ("|S5", [4], [2])
+    names = view.suffixed("names")
+    assert names is not None and names.fullmatch("1") and not names.fullmatch("1.0")
+    slash = zarray("|S5", shape=(4,), chunks=(2,), dimension_separator="/")
+    assert "dimension_separator" in netcdf_array(slash).why
+    scalar = netcdf_array(zarray("|S3", shape=(), chunks=()))
+    assert scalar.zarray["shape"] == [3] and not scalar.scalar
