@@ -139,7 +139,7 @@ class DecodedView:
                     self._meta[key] = _dumps(served)
                 self._leave_out(path, nc.why or "not a netCDF variable")
             else:
-                self._leave_out(path, f"not decoded: {reason}")
+                self._leave_out(path, nc.why or f"not decoded: {reason}")
         too_big = {key for key, data in metadata.items()
                    if (key == ".zmetadata" or key.endswith("/.zmetadata"))
                    and data is not None and len(data) > MAX_ZMETADATA_BYTES}

@@ -301,9 +301,9 @@ def test_not_decodable_arrays_are_served_as_referenced_with_a_warning(mount, odd
     assert (m / "names/0").read_bytes() == base64.b64decode(refs["names/0"][7:])
     assert (m / "odd/0").read_bytes() == junk[100:150]
     left_out = json.loads(os.getxattr(m.path, "user.refmount.netcdf_left_out"))
-    assert set(left_out) == {"names", "odd"} and "object dtype" in left_out["names"], left_out
+    assert set(left_out) == {"names", "odd"} and "variable-length" in left_out["names"], left_out
     lines = [line for line in m.log_text(tail=1000).splitlines() if "netCDF clients" in line]
-    assert len(lines) == 1 and "names: not decoded" in lines[0] and "odd: not decoded" in lines[0]
+    assert len(lines) == 1 and "names: variable-length" in lines[0] and "odd: not decoded" in lines[0]
     assert json.loads((m / "good/.zarray").read_text())["compressor"] is None
     not_decoded = json.loads(os.getxattr(m.path, "user.refmount.not_decoded"))
     assert set(not_decoded) == {"names", "odd"}, not_decoded
@@ -322,7 +322,8 @@ def test_not_decodable_arrays_are_served_as_referenced_with_a_warning(mount, odd
     table = run_cli("inspect", str(src)).stdout
     assert "not decoded with -o decode" in table and "odd: codec" in table
     assert "not seen by netCDF clients with -o decode" in table
-    assert info["arrays"]["names"]["netcdf"].startswith("left out: not decoded: object dtype")
+    assert info["arrays"]["names"]["netcdf"].startswith("left out: variable-length values")
+    assert info["arrays"]["odd"]["netcdf"].startswith("left out: not decoded: codec")
 
 
 def test_corrupt_chunks_are_eio_and_the_mount_keeps_serving(mount, odd_set):
