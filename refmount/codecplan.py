@@ -12,7 +12,9 @@ is an error (``DecodeError``, EIO), never short or padded bytes.
 because nothing needs decoding (no codecs, byte order already native or irrelevant), or as
 referenced with the reason it cannot be decoded (object and variable-length dtypes, a codec
 that is not installed, a chunk over ``max_chunk_bytes``). ``rewrite_zarray``: ``.zarray``
-served with ``"compressor": null``, ``"filters": null`` and a little-endian ``dtype``.
+served with ``"compressor": null``, ``"filters": null`` and a little-endian ``dtype``. With
+``cut`` (an array whose chunk is larger than its shape, ``ncview``), each decoded chunk is cut
+to the shape: its served size is ``prod(cut) * itemsize``.
 """
 
 from __future__ import annotations

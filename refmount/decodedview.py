@@ -3,10 +3,13 @@
 ``DecodedView`` is built from a set's metadata keys: which arrays decode (``plan_array``,
 codecplan.py) and why the others are served as referenced (``skipped``), which key is a
 decoded chunk, the rewritten metadata and the served sizes. ``.zarray`` is served with no
-codecs and a little-endian ``dtype``; ``.zattrs`` with the attributes a netCDF client needs
-(``ncattrs``: ``_FillValue`` from ``fill_value``); the same inside ``.zmetadata``. Everything
-else is untouched. ``DecodedTree``: a tree (``KeyTree``/``ChunkTree``) as served through the
-view.
+codecs and a little-endian ``dtype``, as netCDF-C is shown the array (``ncview``: char as
+``<U1``, chunks cut to the shape, scalars as ``[1]``); ``.zattrs`` with the attributes a
+netCDF client needs (``ncattrs``: a typed ``_FillValue`` from ``fill_value``, every number
+typed, one length per dimension name). Arrays netCDF-C cannot read are left out of the
+netCDF side (``left_out``: their ``.zarray`` and ``.zattrs`` are ``hidden``). Inside
+``.zmetadata``, zarr's side: decoded, with zarr's own dtype. Everything else is untouched.
+``DecodedTree``: a tree (``KeyTree``/``ChunkTree``) as served through the view.
 """
 
 from __future__ import annotations
