@@ -22,7 +22,8 @@ types. The rule, for every attribute:
 * other numbers (and lists of numbers): integers ``int`` (``int64``, ``uint64`` when larger),
   numbers with a fraction ``float`` when each is a float32 value written shorter as one
   (kerchunk writes a float32 ``0.1f`` as ``0.10000000149011612``), else ``double``;
-* text and JSON objects stay (netCDF-C shows an object as its JSON text); a list of texts
+* text and JSON objects stay (netCDF-C shows an object as its JSON text), written in UTF-8
+  (``dumps_zattrs``: netCDF-C does not read JSON unicode escapes); a list of texts
   becomes one text, joined by ``", "``; other lists (mixed, nested) their JSON text;
   ``null`` and ``[]`` are left out (no netCDF value);
 * every type is given in ``_NCZARR_ATTR``; a type already given there (by an NCZarr writer) is
@@ -192,5 +193,11 @@ def netcdf_zattrs(zarray: Any, zattrs: Any, dims: list[str] | None = None) -> di
 
 
 def dumps_zattrs(attrs: Mapping[str, Any]) -> bytes:
-    """JSON text of served ``.zattrs``: the attributes in their order (NCZarr lists them so)."""
-    return json.dumps(attrs, indent=4, ensure_ascii=True).encode()
+    """JSON text of served ``.zattrs``: the attributes in their order (NCZarr lists them so),
+    in UTF-8 -- netCDF-C 4.9's JSON parser reads ``\\u00b0`` as ``u00b0`` (kerchunk writes
+    ``"\\u00b0C"``; netCDF-C shows ``"°C"`` only from the UTF-8 bytes). Text that is not valid
+    Unicode (a lone surrogate) stays escaped."""
+    try:
+        return json.dumps(attrs, indent=4, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(attrs, indent=4, ensure_ascii=True).encode()

@@ -73,6 +73,7 @@ def make_cf4(path: Path) -> None:
         temp.units = "K"
         temp.grid_mapping = "crs"
         temp.coordinates = "station_name"
+        temp.comment = "2 m above ground, read in °C, stored in K"
         temp[:] = np.ma.masked_array([[280.5, 281.25, 0], [282, 283, 284], [285, 286, 287.5]],
                                      mask=[[0, 0, 1], [0, 0, 0], [0, 1, 0]])
         packed = ds.createVariable("pres", "i2", ("time", "station"), fill_value=np.int16(-32767))

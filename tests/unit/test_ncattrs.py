@@ -9,7 +9,7 @@ import json
 import pytest
 
 from refmount.decodedview import DecodedView
-from refmount.ncattrs import NCZARR_ATTR, is_fill_of, netcdf_type, netcdf_zattrs
+from refmount.ncattrs import NCZARR_ATTR, dumps_zattrs, is_fill_of, netcdf_type, netcdf_zattrs
 
 
 def zarray(dtype="<f4", fill_value=None, **kw) -> dict:
@@ -173,3 +173,10 @@ def test_consolidated_metadata_carries_the_same_attributes():
         "p/.zarray": json.dumps(plain).encode(), "p/.zattrs": json.dumps(DIMS).encode()}
     zmeta = json.loads(DecodedView(keys).metadata(".zmetadata") or b"")["metadata"]
     assert zmeta["p/.zattrs"][NCZARR_ATTR] == {"types": {"_FillValue": "<i2"}}
+
+
+def test_text_is_served_in_utf8_for_netcdf_c():
+    """netCDF-C 4.9 reads the JSON escape \\u00b0 as the letters u00b0: the view writes UTF-8."""
+    out = dumps_zattrs({"units": "\u00b0C", "q": 'a"b'})
+    assert "°C".encode() in out and b"\\u00b0" not in out and json.loads(out)["q"] == 'a"b'
+    assert json.loads(dumps_zattrs({"odd": "\ud800"}))["odd"] == "\ud800"  # not Unicode: escaped

@@ -34,7 +34,7 @@ ATTRS = [
     {},
     {"valid_range": [0, 200], "flag_values": [1, 2, 300]},
     {"_FillValue": "x", "_Unsigned": "true"},
-    {"units": "K", "n": None, "e": [], "s": ["a", "b"], "nested": [[1], 2], "big": 2**63,
+    {"units": "\u00b0C", "n": None, "e": [], "s": ["a", "b"], "nested": [[1], 2], "big": 2**63,
      "neg": -(2**40), "f": [0.5, 1e300], "wkt": WKT, "obj": {"a": [1, 2]}, "b": True},
     {"_ARRAY_DIMENSIONS": ["only_one"], "missing_value": -1, "valid_min": 0.5},
     {"_FillValue": 1e300, "scale_factor": 0.10000000149011612, "add_offset": 273.15},
