@@ -99,9 +99,12 @@ class UnsafeDirectory(PermissionError):
     that another user could change. ``str()`` is one line naming the directory, what is
     wrong and what to do."""
 
-    def __init__(self, path: str, why: str, fix: str) -> None:
-        super().__init__(errno.EPERM, f"{why}: {fix}, or choose another cache_dir", path)
-        self.message = f"cache directory {path} {why}: {fix}, or choose another cache_dir"
+    def __init__(self, path: str, why: str, fix: str, *, first: bool = False) -> None:
+        # first: choosing another cache_dir is the fix this user can apply (the other needs
+        # the directory's owner)
+        how = f"choose another cache_dir ({fix})" if first else f"{fix}, or choose another cache_dir"
+        super().__init__(errno.EPERM, f"{why}: {how}", path)
+        self.message = f"cache directory {path} {why}: {how}"
 
     def __str__(self) -> str:
         return self.message
@@ -118,6 +121,10 @@ def directory_problem(path: str, st: os.stat_result) -> UnsafeDirectory | None:
         kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
         return UnsafeDirectory(path, f"is {kind}", f"remove {path}")
     if st.st_uid != me:
+        if me != 0:  # only its owner (or root) can remove or chown it
+            return UnsafeDirectory(path, f"is owned by uid {st.st_uid}, not by uid {me} who mounts",
+                                   f"or have uid {st.st_uid} remove it or chown -R {me} {path}",
+                                   first=True)
         return UnsafeDirectory(path, f"is owned by uid {st.st_uid}, not by uid {me} who mounts",
                                f"remove it or chown -R {me} {path}")
     mode = stat.S_IMODE(st.st_mode)

@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable, MutableMapping
 from types import ModuleType
+from typing import NoReturn
 
 import refmount
 from refmount.base.errors import ConfigError, MountError
@@ -50,8 +51,26 @@ log = logging.getLogger("refmount")
 READY_TIMEOUT = 120.0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with ``--decode`` (an option given as a flag) answered "did you mean
+    '-o decode'?"."""
+
+    def error(self, message: str) -> NoReturn:
+        from refmount.config import OPTIONS_BY_NAME
+
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            for word in message[len(prefix):].split():
+                name = word.lstrip("-").partition("=")[0].replace("-", "_")
+                if word.startswith("--") and name in OPTIONS_BY_NAME:
+                    value = word.partition("=")[2]
+                    message += f": did you mean '-o {name}{'=' + value if value else ''}'?"
+                    break
+        super().error(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="refmount",
         usage="%(prog)s [-f] [-d] [-o OPT[,OPT...]] SOURCE MOUNTPOINT\n"
               "       %(prog)s --env [-f] [-d] [-o OPT[,OPT...]] MOUNTPOINT",
@@ -135,7 +154,7 @@ def _foreground_flags(cfg: MountConfig, args: argparse.Namespace) -> None:
 
 
 def _serve_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="refmount serve",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Serve a kerchunk reference set over HTTP: the tree a mount shows, read-only "
@@ -205,7 +224,7 @@ VERIFY_JOBS = 32  # targets asked at once by refmount verify, by default
 
 
 def _verify_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="refmount verify",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Check every distinct target of a reference set once: missing, forbidden, "
@@ -258,7 +277,7 @@ def _run_verify(argv: list[str]) -> int:
 
 
 def _tool_parser(command: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"refmount {command}")
+    p = _Parser(prog=f"refmount {command}")
     if command == "stats":
         p.description = ("Show the counters of a mounted reference set, or of a refmount serve "
                          "server given its base URL.")

@@ -184,6 +184,8 @@ def _decoded_sizes(arrays: dict[str, dict[str, Any]], metadata: dict[str, bytes 
         a["chunks_referenced"] = n
         a["stored_bytes"] = nbytes
         a["decoded_bytes"] = n * array.nbytes if array is not None else nbytes
+        if (path or "/") in view.left_out:
+            a["netcdf"] = "left out: " + view.left_out[path or "/"]
         a["decode"] = ("decoded" if array is not None
                        else "as referenced: " + view.skipped[path or "/"] if (path or "/") in view.skipped
                        else "as referenced (nothing to decode)")
@@ -222,6 +224,11 @@ def format_inspect(info: dict[str, Any]) -> str:
             lines.append("")
             lines.append("not decoded with -o decode (served as referenced):")
             lines.extend(f"  {p}: {why[len('as referenced: '):]}" for p, why in skipped)
+        left_out = [(p or "/", a["netcdf"]) for p, a in sorted(info["arrays"].items()) if "netcdf" in a]
+        if left_out:
+            lines.append("")
+            lines.append("not seen by netCDF clients with -o decode (zarr reads them):")
+            lines.extend(f"  {p}: {why[len('left out: '):]}" for p, why in left_out)
     return "\n".join(lines)
 
 

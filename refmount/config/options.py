@@ -91,10 +91,11 @@ OPTIONS: tuple[Option, ...] = (
            "do not store chunks read ahead in the kernel's page cache when they are opened "
            "(each then costs a READ round trip)", field="page_push"),
     Option("decode", Flag(), False,
-           "serve every zarr chunk decoded (compressor and filters applied, little-endian), "
-           "each .zarray without codecs and each .zattrs with the typed _FillValue netCDF-C "
-           "needs, so that readers without the codecs (ncdump, CDO, NCO, GDAL) read all arrays "
-           "as the original files describe them"),
+           "serve every zarr chunk decoded (compressor and filters applied, little-endian) and "
+           "each array as netCDF-C's own zarr writer shows it (char, chunks cut to the shape, "
+           "scalars, typed attributes), so that readers without the codecs (ncdump, CDO, NCO, "
+           "GDAL) read the arrays as the original files describe them; what netCDF-C cannot "
+           "read (variable-length strings) is left out of its side, with a warning"),
     Option("max_chunk_bytes", Size(lo=4096), DECODE_MAX_CHUNK_BYTES,
            "with decode: arrays whose decoded chunk is larger are served as referenced, with a "
            "warning; no step of decoding a chunk produces more than its array declares"),

@@ -94,8 +94,8 @@ class SetCore:
 
     def metadata_keys(self, names: tuple[str, ...] = (".zarray", ".zattrs", ".zgroup"),
                       ) -> dict[str, bytes | None]:
-        """Every metadata key of the set (``names``) with its bytes as served (the decoded
-        ``.zarray`` under ``-o decode``), None for one that is not inline."""
+        """Every metadata key of the set (``names``) with its bytes as zarr clients read them
+        (``DecodedView.zarr_metadata`` under ``-o decode``), None for one that is not inline."""
         import numpy as np
         import pyarrow.compute as pc
 
@@ -113,7 +113,7 @@ class SetCore:
             key = self.metadata.key(i).decode("utf-8", "surrogateescape")
             if key.rpartition("/")[2] not in names:
                 continue
-            served = self.view.metadata(key) if self.view is not None else None
+            served = self.view.zarr_metadata(key) if self.view is not None else None
             if served is not None:
                 out[key] = served
                 continue

@@ -12,7 +12,9 @@ is an error (``DecodeError``, EIO), never short or padded bytes.
 because nothing needs decoding (no codecs, byte order already native or irrelevant), or as
 referenced with the reason it cannot be decoded (object and variable-length dtypes, a codec
 that is not installed, a chunk over ``max_chunk_bytes``). ``rewrite_zarray``: ``.zarray``
-served with ``"compressor": null``, ``"filters": null`` and a little-endian ``dtype``.
+served with ``"compressor": null``, ``"filters": null`` and a little-endian ``dtype``. With
+``cut`` (an array whose chunk is larger than its shape, ``ncview``), each decoded chunk is cut
+to the shape: its served size is ``prod(cut) * itemsize``.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ class DecodedArray:
     filters: list[Any] = field(default_factory=list)  # in metadata order (decoded reversed)
     grid: tuple[int, ...] = ()  # chunks along each axis
     chain: ChunkCodecs | None = None  # the decoding of a chunk, bounded (decode/chunkcodecs.py)
+    stored_chunks: tuple[int, ...] | None = None  # with ``cut``: the stored chunk's shape
+    cut: tuple[int, ...] | None = None  # the served chunk's shape, when smaller than stored
     _name: re.Pattern[str] | None = None
 
     def __post_init__(self) -> None:
@@ -110,9 +114,17 @@ class DecodedArray:
         failure."""
         assert self.chain is not None
         try:
-            return self.chain.decode(stored)
+            return self.cut_chunk(self.chain.decode(stored))
         except ValueError as e:
             raise DecodeError(str(e)) from None
+
+    def cut_chunk(self, full: bytes | memoryview) -> memoryview:
+        """A whole decoded chunk cut to the served chunk shape (``cut``), C order."""
+        if self.cut is None or self.stored_chunks is None:
+            return memoryview(full)
+        arr = np.frombuffer(full, self.out_dtype).reshape(self.stored_chunks)
+        part = arr[tuple(slice(0, c) for c in self.cut)]
+        return memoryview(np.ascontiguousarray(part).view(np.uint8).reshape(-1))
 
     @property
     def isolated(self) -> bool:
@@ -140,12 +152,14 @@ class DecodedArray:
         return self.separator.join(str(int(i)) for i in np.unravel_index(n, grid))
 
 
-def plan_array(path: str, meta: Any, max_chunk_bytes: int = DECODE_MAX_CHUNK_BYTES
-               ) -> tuple[DecodedArray | None, str | None]:
+def plan_array(path: str, meta: Any, max_chunk_bytes: int = DECODE_MAX_CHUNK_BYTES,
+               cut: list[int] | None = None) -> tuple[DecodedArray | None, str | None]:
     """How the array at ``path`` with metadata ``meta`` (parsed ``.zarray``) is served:
     ``(array, None)`` decoded; ``(None, None)`` as referenced because nothing needs decoding;
     ``(None, reason)`` as referenced because it cannot be decoded, or because a decoded chunk
-    (or a step of its decoding) would be larger than ``max_chunk_bytes``."""
+    (or a step of its decoding) would be larger than ``max_chunk_bytes``. ``cut``: a chunk
+    shape smaller than the stored one, each decoded chunk cut to it (``ncview``: an array
+    whose one chunk is larger than its shape)."""
     if not isinstance(meta, dict):
         return None, ".zarray is not a JSON object"
     if meta.get("zarr_format", 2) != 2:
@@ -181,7 +195,10 @@ def plan_array(path: str, meta: Any, max_chunk_bytes: int = DECODE_MAX_CHUNK_BYT
     if not isinstance(filt_cfg, list) or not all(isinstance(f, dict) for f in filt_cfg):
         return None, "filters is not a list of objects"
     out_dtype = _little(dtype)
-    if comp_cfg is None and not filt_cfg and out_dtype == dtype:
+    if cut is not None and (len(cut) != len(chunks) or any(
+            not 0 < c <= n for c, n in zip(cut, chunks, strict=True))):
+        cut = None
+    if comp_cfg is None and not filt_cfg and out_dtype == dtype and cut is None:
         return None, None  # served as referenced: that is already what zarr hands numpy
     import numcodecs
 
@@ -207,6 +224,12 @@ def plan_array(path: str, meta: Any, max_chunk_bytes: int = DECODE_MAX_CHUNK_BYT
         return None, (f"a step of decoding a chunk may produce {chain.peak:,} bytes, more than "
                       f"twice max_chunk_bytes={max_chunk_bytes:,}")
     grid = tuple(-(-s // c) for s, c in zip(shape, chunks, strict=True))
+    if cut is not None:
+        if order != "C":
+            return None, "order F with a chunk larger than the shape"
+        return DecodedArray(path, len(chunks), sep, dtype, out_dtype, math.prod(cut) * dtype.itemsize,
+                            codec_ids(meta), compressor, filters, grid, chain, tuple(chunks),
+                            tuple(cut)), None
     return DecodedArray(path, len(chunks), sep, dtype, out_dtype, nbytes, codec_ids(meta),
                         compressor, filters, grid, chain), None
 

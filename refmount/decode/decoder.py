@@ -148,12 +148,12 @@ class ChunkDecoder:
                 raise DecodeError(f"{'+'.join(array.codecs)}: codecs outside the allow-list "
                                   "need a codec worker, and this decoder has none")
             try:
-                out = self.workers.decode(array.chain.spec(), stored, array.nbytes)
+                out = self.workers.decode(array.chain.spec(), stored, array.chain.nbytes)
             except (WorkerDied, WorkerError) as e:
                 raise DecodeError(str(e)) from None
-            if len(out) != array.nbytes:
-                raise DecodeError(f"the codec worker gave {len(out)} bytes, expected {array.nbytes}")
-            return memoryview(out)
+            if len(out) != array.chain.nbytes:
+                raise DecodeError(f"the codec worker gave {len(out)} bytes, expected {array.chain.nbytes}")
+            return array.cut_chunk(out)
 
         try:
             t0 = time.perf_counter()

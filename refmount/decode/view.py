@@ -3,16 +3,20 @@
 ``DecodedView`` is built from a set's metadata keys: which arrays decode (``plan_array``,
 decode/codecplan.py) and why the others are served as referenced (``skipped``), which key is a
 decoded chunk, the rewritten metadata and the served sizes. ``.zarray`` is served with no
-codecs and a little-endian ``dtype``; ``.zattrs`` with the attributes a netCDF client needs
-(``ncattrs``: ``_FillValue`` from ``fill_value``); the same inside ``.zmetadata``. Everything
-else is untouched. ``DecodedTree``: a tree (``KeyTree``/``ChunkTree``) as served through the
-view.
+codecs and a little-endian ``dtype``, as netCDF-C is shown the array (``ncview``: char as
+``<U1``, chunks cut to the shape, scalars as ``[1]``); ``.zattrs`` with the attributes a
+netCDF client needs (``ncattrs``: a typed ``_FillValue`` from ``fill_value``, every number
+typed, one length per dimension name). Arrays netCDF-C cannot read are left out of the
+netCDF side (``left_out``: their ``.zarray`` and ``.zattrs`` are ``hidden``). Inside
+``.zmetadata``, zarr's side: decoded, with zarr's own dtype. Everything else is untouched.
+``DecodedTree``: a tree (``KeyTree``/``ChunkTree``) as served through the view.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
@@ -21,6 +25,7 @@ import numpy as np
 from refmount.config import DECODE_MAX_CHUNK_BYTES
 from refmount.decode.codecplan import DecodedArray, codec_ids, plan_array, rewrite_zarray
 from refmount.decode.ncattrs import dumps_zattrs, netcdf_zattrs
+from refmount.decode.ncview import NcArray, array_dims, netcdf_array, resolve_dims
 from refmount.refs import Ref, RefKind
 
 log = logging.getLogger(__name__)
@@ -41,12 +46,12 @@ def _dumps(obj: Any) -> bytes:
 # ---- the view of one reference set ---------------------------------------------------------
 
 
-def _netcdf_attrs(zarray: Any, data: bytes) -> dict[str, Any] | None:
-    """A ``.zattrs`` key's attributes as served (``ncattrs``), None if served as referenced."""
-    if not isinstance(zarray, dict):
+def _parse(data: Buffer | None) -> Any:
+    """A metadata document parsed, None if not inline, too large or not JSON."""
+    if data is None or len(data) > MAX_ZARRAY_BYTES:
         return None
     try:
-        return netcdf_zattrs(zarray, json.loads(data))
+        return json.loads(bytes(data))
     except ValueError:
         return None
 
@@ -85,46 +90,87 @@ class DecodedView:
         self.skipped: dict[str, str] = {}  # array path -> why it is served as referenced
         self.plain: set[str] = set()  # arrays that need no decoding
         self.codecs: dict[str, list[str]] = {}  # array path -> codec ids (every array)
+        self.left_out: dict[str, str] = {}  # array path -> why netCDF clients do not see it
+        self.hidden: set[str] = set()  # metadata keys not listed (arrays left out of netCDF)
         self._meta: dict[str, bytes] = {}  # rewritten metadata keys
-        fills: dict[str, dict[str, Any]] = {}  # .zarray key -> its dtype and fill_value
+        self._zarr: dict[str, dict[str, Any]] = {}  # .zarray key -> as zarr clients get it
+        # fixed-width string arrays shown as char: their chunk names (listed with ".0" added)
+        self._suffixed: dict[str, re.Pattern[str]] = {}
+        nc_shown: dict[str, NcArray] = {}  # array path -> as netCDF-C is shown it
         for key, data in metadata.items():
             if not (key == ".zarray" or key.endswith("/.zarray")):
                 continue
             path = key[: -len(".zarray")].rstrip("/")
             if data is None:
-                self.skipped[path or "/"] = ".zarray is not inline in the reference set"
+                self._leave_out(path, ".zarray is not inline in the reference set", skip=True)
                 continue
             if len(data) > MAX_ZARRAY_BYTES:
-                self.skipped[path or "/"] = (f".zarray is {len(data):,} bytes, more than the "
-                                             f"{MAX_ZARRAY_BYTES:,} a .zarray is parsed up to")
+                self._leave_out(path, f".zarray is {len(data):,} bytes, more than the "
+                                f"{MAX_ZARRAY_BYTES:,} a .zarray is parsed up to", skip=True)
                 continue
             try:
                 meta = json.loads(bytes(data))
             except ValueError:
-                self.skipped[path or "/"] = ".zarray is not valid JSON"
+                self._leave_out(path, ".zarray is not valid JSON", skip=True)
                 continue
             if isinstance(meta, dict):
                 self.codecs[path] = codec_ids(meta)
-                fills[key] = {"dtype": meta.get("dtype"), "fill_value": meta.get("fill_value")}
-            array, reason = plan_array(path, meta, max_chunk_bytes)
+            nc = netcdf_array(meta)
+            array, reason = plan_array(path, meta, max_chunk_bytes, nc.cut)
             if array is not None:
                 self.arrays[path] = array
-                self._meta[key] = _dumps(rewrite_zarray(meta))
+                served = rewrite_zarray(meta)
             elif reason is not None:
                 self.skipped[path or "/"] = reason
+                served = None
             else:
                 self.plain.add(path)
+                served = meta
+            if served is not None and nc.zarray is not None:
+                n = len(nc.zarray["shape"]) - (1 if nc.strlen else 0)  # zarr's own dimensions
+                zarr_side = {**served, "shape": nc.zarray["shape"][:n], "chunks": nc.zarray["chunks"][:n]}
+                if nc.strlen and n:
+                    self._suffixed[path] = re.compile(r"[0-9]+" + r"\.[0-9]+" * (n - 1))
+                self._zarr[key] = zarr_side
+                self._meta[key] = _dumps({**zarr_side, "shape": nc.zarray["shape"],
+                                          "chunks": nc.zarray["chunks"], "dtype": nc.zarray["dtype"],
+                                          "fill_value": nc.zarray["fill_value"]})
+                nc_shown[path] = nc
+            elif served is not None:
+                self._zarr[key] = served
+                if array is not None:
+                    self._meta[key] = _dumps(served)
+                self._leave_out(path, nc.why or "not a netCDF variable")
+            else:
+                self._leave_out(path, nc.why or f"not decoded: {reason}")
         too_big = {key for key, data in metadata.items()
                    if (key == ".zmetadata" or key.endswith("/.zmetadata"))
                    and data is not None and len(data) > MAX_ZMETADATA_BYTES}
         for key in too_big:  # first: other .zmetadata keys may describe the same arrays
             self._unparsed_zmetadata(key[: -len(".zmetadata")], len(metadata[key] or b""))
+            for path in [p for p in nc_shown if (p + "/").startswith(key[: -len(".zmetadata")])]:
+                del nc_shown[path]
+        attrs: dict[str, Any] = {}
         for key, data in metadata.items():
-            if ((key == ".zattrs" or key.endswith("/.zattrs")) and data is not None
-                    and len(data) <= MAX_ZARRAY_BYTES):
-                attrs = _netcdf_attrs(fills.get(key[: -len(".zattrs")] + ".zarray"), bytes(data))
-                if attrs is not None:
-                    self._meta[key] = dumps_zattrs(attrs)
+            if key == ".zattrs" or key.endswith("/.zattrs"):
+                path = key[: -len(".zattrs")].rstrip("/")
+                if path in self.left_out:
+                    self.hidden.add(key)
+                else:
+                    attrs[path] = _parse(data)
+        self._dims = resolve_dims({p: (array_dims(attrs.get(p), nc), nc.shape or [])
+                                   for p, nc in nc_shown.items()})
+        for path, parsed in attrs.items():
+            key = f"{path}/.zattrs" if path else ".zattrs"
+            nc_array = nc_shown.get(path)
+            if nc_array is None and (f"{path}/.zarray" if path else ".zarray") in metadata:
+                continue  # an array not shown to netCDF clients (its attributes are unlisted)
+            rendered = netcdf_zattrs(None if nc_array is None else nc_array.zarray, parsed,
+                                     self._dims.get(path))
+            if rendered is not None:
+                self._meta[key] = dumps_zattrs(rendered)
+        self._nc = nc_shown
+        self._attr_paths = set(attrs)
         for key, data in metadata.items():
             if (key == ".zmetadata" or key.endswith("/.zmetadata")) and key not in too_big:
                 rewritten = self._zmetadata(key, None if data is None else bytes(data))
@@ -132,15 +178,23 @@ class DecodedView:
                     self._meta[key] = rewritten
         self._max_depth = max((p.count("/") + 1 for p in self.arrays), default=0)
 
+    def _leave_out(self, path: str, why: str, skip: bool = False) -> None:
+        """An array netCDF clients are not shown (its ``.zarray`` and ``.zattrs`` unlisted)."""
+        if skip:
+            self.skipped[path or "/"] = why
+        self.left_out[path or "/"] = why
+        self.hidden.add(f"{path}/.zarray" if path else ".zarray")
+
     def _unparsed_zmetadata(self, base: str, size: int) -> None:
         """The arrays under a ``.zmetadata`` too large to parse: served as it describes them
         (as referenced)."""
         for path in [p for p in self.arrays if (p + "/").startswith(base)]:
             del self.arrays[path]
-            del self._meta[f"{path}/.zarray" if path else ".zarray"]
-            self.skipped[path or "/"] = (
-                f"{base}.zmetadata is {size:,} bytes, more than the "
-                f"{MAX_ZMETADATA_BYTES:,} consolidated metadata is parsed up to")
+            key = f"{path}/.zarray" if path else ".zarray"
+            del self._meta[key]
+            self._zarr.pop(key, None)
+            self._leave_out(path, f"{base}.zmetadata is {size:,} bytes, more than the "
+                            f"{MAX_ZMETADATA_BYTES:,} consolidated metadata is parsed up to", skip=True)
 
     def _zmetadata(self, key: str, data: bytes | None) -> bytes | None:
         if data is None:
@@ -157,13 +211,22 @@ class DecodedView:
         new = dict(inner)
         for name, meta in inner.items():
             if name == ".zarray" or name.endswith("/.zarray"):
-                path = (base + name[: -len(".zarray")]).rstrip("/")
-                if path in self.arrays and isinstance(meta, dict):
-                    new[name] = rewrite_zarray(meta)
+                served = self._zarr.get(base + name)
+                if served is not None and served != meta:
+                    new[name] = served  # as zarr reads the chunks: a char array stays |S1
                     changed = True
             elif name == ".zattrs" or name.endswith("/.zattrs"):
-                attrs = netcdf_zattrs(inner.get(name[: -len(".zattrs")] + ".zarray"), meta)
-                if attrs is not None:
+                path = (base + name[: -len(".zattrs")]).rstrip("/")
+                if path in self.left_out:
+                    continue
+                nc = self._nc.get(path)
+                if nc is None and name[: -len(".zattrs")] + ".zarray" in inner:
+                    continue
+                dims = self._dims.get(path) if path in self._attr_paths else None
+                if dims is not None and nc is not None and nc.strlen:
+                    dims = dims[:-1]  # zarr's side has no string-length dimension
+                attrs = netcdf_zattrs(None if nc is None else nc.zarray, meta, dims)
+                if attrs is not None and attrs != meta:
                     new[name] = attrs
                     changed = True
         if not changed:
@@ -203,6 +266,18 @@ class DecodedView:
         rewritten."""
         return self._meta.get(key)
 
+    def zarr_metadata(self, key: str) -> bytes | None:
+        """A metadata key as zarr clients read it from consolidated metadata (``.zmetadata``
+        synthesized by ``refmount serve``): a ``.zarray`` decoded but with zarr's dtype (a
+        char array stays ``|S1``: zarr reads ``<U1`` as four bytes a character), arrays left
+        out of the netCDF side included; None: as referenced."""
+        zarr = self._zarr.get(key)
+        if zarr is not None:
+            return _dumps(zarr)
+        if key in self.hidden:
+            return None
+        return self._meta.get(key)
+
     def size(self, key: str, stored: int) -> int:
         """The served size of ``key`` whose referenced size is ``stored``."""
         meta = self._meta.get(key)
@@ -239,17 +314,46 @@ class DecodedView:
 
         return size
 
+    @property
+    def has_suffixed(self) -> bool:
+        return bool(self._suffixed)
+
+    def suffixed(self, dir_path: str) -> re.Pattern[str] | None:
+        """The chunk names of a fixed-width string array at ``dir_path`` shown as char (each
+        listed with ``.0`` added, for its string-length dimension), if it is one."""
+        return self._suffixed.get(dir_path)
+
+    def is_hidden(self, key: str) -> bool:
+        """Whether ``key`` is a metadata key of an array left out of the netCDF side (not listed,
+        not found by name)."""
+        return key in self.hidden
+
     def describe(self) -> dict[str, str]:
         """For the root's xattrs."""
         return {
             "decoded_arrays": str(len(self.arrays)),
             "not_decoded": json.dumps(dict(sorted(self.skipped.items())), sort_keys=True),
+            "netcdf_left_out": json.dumps(dict(sorted(self.left_out.items())), sort_keys=True),
         }
 
+    def left_out_line(self) -> str | None:
+        """One line naming the arrays netCDF clients do not see through the view, and why."""
+        if not self.left_out:
+            return None
+        items = sorted(self.left_out.items())
+        shown = "; ".join(f"{p}: {why}" for p, why in items[:20])
+        more = f"; and {len(items) - 20} more" if len(items) > 20 else ""
+        return (f"decode: netCDF clients (ncdump, CDO, NCO) do not see {len(items)} "
+                f"array{'s' if len(items) != 1 else ''} (zarr reads them): {shown}{more}")
+
     def warn(self) -> None:
-        """One warning per array served as referenced although decoding was asked for."""
+        """One warning per array served as referenced although decoding was asked for, and one
+        line naming the arrays left out of the netCDF side."""
         for path, why in sorted(self.skipped.items()):
             log.warning("decode: array %s is served as referenced (not decoded): %s", path, why)
+        line = self.left_out_line()
+        if line is not None:
+            log.warning("%s", line)
 
 
 # ---- the tree as served through the view ---------------------------------------------------
@@ -276,6 +380,15 @@ class DecodedTree:
         return len(self.inner)
 
     async def lookup(self, parent: Any, name: bytes) -> Any:
+        if name[:1] == b"." and self.view.hidden:
+            parent_path = self.inner.path(parent)
+            key = (parent_path + b"/" + name) if parent_path else name
+            if self.view.is_hidden(self._str(key)):
+                return None
+        if name.endswith(b".0") and self.view.has_suffixed:
+            names = self.view.suffixed(self._str(self.inner.path(parent)))
+            if names is not None and names.fullmatch(self._str(name[:-2])):
+                return await self.inner.lookup(parent, name[:-2])
         return await self.inner.lookup(parent, name)
 
     @staticmethod
@@ -283,10 +396,18 @@ class DecodedTree:
         return path.decode("utf-8", "surrogateescape")
 
     async def entries(self, parent: Any, start: int = 0) -> AsyncIterator[tuple]:
-        sizer = self.view.entry_sizer(self._str(self.inner.path(parent)))
+        dir_path = self._str(self.inner.path(parent))
+        sizer = self.view.entry_sizer(dir_path)
+        prefix = dir_path + "/" if dir_path else ""
+        hidden = self.view.hidden
+        suffixed = self.view.suffixed(dir_path)
         async for name, ino, is_dir, nxt, size in self.inner.entries(parent, start):
+            if hidden and name[:1] == b"." and prefix + self._str(name) in hidden:
+                continue
             if not is_dir:
                 size = sizer(self._str(name), size)
+                if suffixed is not None and suffixed.fullmatch(self._str(name)):
+                    name += b".0"
             yield name, ino, is_dir, nxt, size
 
     async def ref(self, node: Any) -> Ref:

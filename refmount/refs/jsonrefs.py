@@ -41,6 +41,14 @@ from refmount.refs.tree import KeyTree
 log = logging.getLogger(__name__)
 
 V1_FIELDS = frozenset({"version", "templates", "gen", "refs"})
+# top-level fields of a zarr metadata document (.zgroup, .zarray, .zmetadata, zarr.json): a
+# SOURCE starting with one is zarr's metadata, not a reference set
+ZARR_DOCUMENT_FIELDS = frozenset({"zarr_format", "zarr_consolidated_format", "node_type"})
+# the other fields such a document may start with (sorted keys): its next keys decide
+ZARR_LEADING_FIELDS = frozenset({"attributes", "chunk_grid", "chunk_key_encoding", "chunks", "codecs",
+                                 "compressor", "consolidated_metadata", "data_type", "dimension_names",
+                                 "dimension_separator", "dtype", "fill_value", "filters", "metadata",
+                                 "order", "shape", "storage_transformers"})
 
 
 class SurrogateEscapes(ReferenceSetError):
@@ -90,15 +98,25 @@ def detect_version(open_stream: Opener, name: str, backend: Any = ijson,
             if first[1] != "start_map":
                 kind = {"start_array": "an array"}.get(first[1], f"a {first[1]}")
                 raise ReferenceSetError(f"{name}: top level must be a JSON object, got {kind}")
-            seen_v1_field = False
+            seen_v1_field = maybe_zarr = False
             for prefix, event, value in events:
                 if prefix == "" and event == "map_key":
                     if value == "version":
                         return 1
+                    if value in ZARR_DOCUMENT_FIELDS and not seen_v1_field:
+                        raise ReferenceSetError(
+                            f"{name}: not a reference set: a zarr metadata document ({value!r} at "
+                            "the top level, as in .zgroup or .zarray); give the JSON that kerchunk "
+                            "wrote, whose keys are like '.zgroup' and 'temp/0.0'")
+                    if value in ZARR_LEADING_FIELDS and not seen_v1_field:
+                        maybe_zarr = True  # a zarr document's first keys: a later one decides
+                        continue
                     if value not in V1_FIELDS and not seen_v1_field:
                         return 0
                     seen_v1_field = True
                 elif prefix == "" and event == "end_map":
+                    if maybe_zarr and not seen_v1_field:
+                        return 0
                     break
         except ijson.JSONError as e:
             raise json_error(name, e) from None

@@ -49,14 +49,18 @@ def _refs_must_be_an_object(open_stream: Opener, name: str, backend: Any, limits
 def read_v1(open_stream: Opener, name: str, builder: IndexBuilder, backend: Any = ijson,
             limits: Limits = DEFAULT_LIMITS) -> None:
     version = _read_section(open_stream, name, "version", backend, limits)
-    if version != 1 or isinstance(version, bool):
-        raise ReferenceSetError(f"{name}: unsupported reference set version {version!r} (expected 1)")
+    if version not in (0, 1) or isinstance(version, bool):
+        raise ReferenceSetError(f"{name}: unsupported reference set version {version!r} (expected 1, "
+                                "or 0 with only 'refs')")
     raw_templates = _read_section(open_stream, name, "templates", backend, limits) or {}
     if not isinstance(raw_templates, dict):
         raise ReferenceSetError(f"{name}: 'templates' must be an object")
     gen = _read_section(open_stream, name, "gen", backend, limits) or []
     if not isinstance(gen, list):
         raise ReferenceSetError(f"{name}: 'gen' must be a list")
+    if version == 0 and (raw_templates or gen):
+        # {"version": 0, "refs": {...}}: a Version 0 set wrapped as kerchunk writes it
+        raise ReferenceSetError(f"{name}: version 0 has no 'templates' or 'gen' (those are Version 1's)")
     watchdog = Watchdog(RenderBudget(limits.max_template_seconds))
     with watchdog.armed():
         templates = TemplateSet(raw_templates, name, watchdog)

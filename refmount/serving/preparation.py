@@ -75,14 +75,16 @@ def advise_on_decoding(cfg: MountConfig, index_file: IndexFile) -> None:
     if cfg.decode:
         view.warn()
         return
-    if not view.arrays:
+    encoded = [p for p, a in view.arrays.items() if a.codecs or a.dtype != a.out_dtype]
+    if not encoded:
         return
-    names = sorted(path or "/" for path in view.arrays)
-    codecs = sorted({c for path in view.arrays for c in view.codecs.get(path, [])})
+    names = sorted(path or "/" for path in encoded)
+    codecs = sorted({c for path in encoded for c in view.codecs.get(path, [])})
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     how = f"use codecs ({', '.join(codecs)})" if codecs else "are stored big-endian"
+    again = "serve with 'refmount serve SOURCE -o decode'" if cfg.serving else "mount with -o decode"
     print(f"refmount: note: arrays {shown} {how}: clients without zarr's codecs (ncdump, CDO, "
-          "NCO, GDAL) would read their chunks as raw bytes; mount with -o decode for them",
+          f"NCO, GDAL) would read their chunks as raw bytes; {again} for them",
           file=sys.stderr)
 
 

@@ -20,6 +20,7 @@ import pytest
 import xarray as xr
 from support.datasets import write_json
 from support.mounts import run_cli
+from support.xrcompare import netcdf_dims
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(240)]
 
@@ -129,7 +130,7 @@ def test_xarray_through_decode_equals_raw_mount_and_original(shared_mounts, name
     groups = [None, "sub", "sub/deeper"] if attr == "nc4" else [None]
     for group in groups:
         d = xr.open_zarr(dec, group=group, consolidated=False)
-        r = xr.open_zarr(raw, group=group, consolidated=False)
+        r = netcdf_dims(xr.open_zarr(raw, group=group, consolidated=False))
         o = xr.open_dataset(original, group=group)
         assert_same_dataset(d, r)
         assert_like_original(d, o)
@@ -293,10 +294,16 @@ def odd_set(tmp_path):
 def test_not_decodable_arrays_are_served_as_referenced_with_a_warning(mount, odd_set):
     src, refs, junk = odd_set
     m = mount(src, "decode")
-    assert (m / "names/.zarray").read_text() == refs["names/.zarray"]
+    # left out of the netCDF side: their metadata is not listed (netCDF-C would fail the whole
+    # file on them), their chunks are as referenced
+    for name in ("names", "odd"):
+        assert not (m / name / ".zarray").exists() and sorted(os.listdir(m / name)) == ["0"]
     assert (m / "names/0").read_bytes() == base64.b64decode(refs["names/0"][7:])
-    assert (m / "odd/.zarray").read_text() == refs["odd/.zarray"]
     assert (m / "odd/0").read_bytes() == junk[100:150]
+    left_out = json.loads(os.getxattr(m.path, "user.refmount.netcdf_left_out"))
+    assert set(left_out) == {"names", "odd"} and "variable-length" in left_out["names"], left_out
+    lines = [line for line in m.log_text(tail=1000).splitlines() if "netCDF clients" in line]
+    assert len(lines) == 1 and "names: variable-length" in lines[0] and "odd: not decoded" in lines[0]
     assert json.loads((m / "good/.zarray").read_text())["compressor"] is None
     not_decoded = json.loads(os.getxattr(m.path, "user.refmount.not_decoded"))
     assert set(not_decoded) == {"names", "odd"}, not_decoded
@@ -314,6 +321,9 @@ def test_not_decodable_arrays_are_served_as_referenced_with_a_warning(mount, odd
     assert info["arrays"]["good"]["decoded_bytes"] == 32 and info["arrays"]["good"]["codecs"] == ["zlib"]
     table = run_cli("inspect", str(src)).stdout
     assert "not decoded with -o decode" in table and "odd: codec" in table
+    assert "not seen by netCDF clients with -o decode" in table
+    assert info["arrays"]["names"]["netcdf"].startswith("left out: variable-length values")
+    assert info["arrays"]["odd"]["netcdf"].startswith("left out: not decoded: codec")
 
 
 def test_corrupt_chunks_are_eio_and_the_mount_keeps_serving(mount, odd_set):

@@ -78,6 +78,13 @@ def gdal(*args: str) -> str:
     return r.stdout
 
 
+def test_serving_compressed_arrays_without_decode_says_how_to_serve_them_decoded(serve, datasets):
+    said = serve(datasets.refs["nc4_local"]).stderr
+    assert "refmount: note: arrays" in said and "serve with 'refmount serve SOURCE -o decode'" in said, said
+    assert "mount with" not in said
+    assert "note" not in serve(datasets.refs["nc4_local"], "decode").stderr
+
+
 def test_gdal_vsicurl_reads_the_decoded_view(serve, datasets, tmp_path):
     s = serve(datasets.refs["nc4_local"], "decode")
     with netCDF4.Dataset(datasets.nc4) as f:

@@ -32,6 +32,7 @@ class Served:
     log: Path
     source: str
     opts: list[str] = field(default_factory=list)
+    stderr: str = ""  # what refmount serve said before detaching
 
     @property
     def host(self) -> str:
@@ -104,7 +105,7 @@ class Servers:
         r = serve_cli(source, *all_opts)
         assert r.returncode == 0, f"refmount serve failed ({r.returncode}): {r.stderr}"
         url, pid = r.stdout.split()
-        s = Served(url, int(pid), log, str(source), all_opts)
+        s = Served(url, int(pid), log, str(source), all_opts, r.stderr)
         self.started.append(s)
         return s
 

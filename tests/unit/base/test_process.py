@@ -102,3 +102,21 @@ def test_programs_started_with_user_signals_ignored_inherit_it():
         assert signal.getsignal(signal.SIGUSR1) is mine
     finally:
         signal.signal(signal.SIGUSR1, before)
+
+
+def test_a_user_who_cannot_fix_a_cache_dir_is_told_to_choose_another_first(tmp_path, monkeypatch):
+    """root's directory, seen by uid 1000: only root can remove or chown it."""
+    theirs = tmp_path / "roots"
+    theirs.mkdir(mode=0o700)
+    monkeypatch.setattr(process.os, "geteuid", lambda: 1000)
+    problem = process.directory_problem(str(theirs), os.lstat(theirs))
+    assert problem is not None
+    message = str(problem)
+    assert message.startswith(f"cache directory {theirs} is owned by uid 0, not by uid 1000 who mounts: "
+                              "choose another cache_dir (or have uid 0 remove it"), message
+    monkeypatch.setattr(process.os, "geteuid", lambda: 0)
+    theirs_too = tmp_path / "nobodys"
+    theirs_too.mkdir(mode=0o700)
+    os.chown(theirs_too, 65534, 65534)
+    message = str(process.directory_problem(str(theirs_too), os.lstat(theirs_too)))
+    assert message.endswith(", or choose another cache_dir") and "chown -R 0" in message, message

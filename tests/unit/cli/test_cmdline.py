@@ -114,3 +114,17 @@ def test_env_needs_source_and_takes_only_the_mountpoint(tmp_path):
     with pytest.raises(ConfigError, match="SOURCE and MOUNTPOINT"):
         config_from_args(_args(str(tmp_path), env=False), {})
     assert take_configuration({ENV_OPTIONS: "ro"}) == (None, ["ro"])
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["refs.json", "/mnt/x", "--decode"], "did you mean '-o decode'?"),
+    (["serve", "refs.json", "--decode"], "did you mean '-o decode'?"),
+    (["refs.json", "/mnt/x", "--max-chunk-bytes=5"], "did you mean '-o max_chunk_bytes=5'?"),
+])
+def test_an_option_given_as_a_flag_gets_a_did_you_mean(argv, hint):
+    r = subprocess.run([sys.executable, "-m", "refmount", *argv], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(hint), r.stderr
+    r = subprocess.run([sys.executable, "-m", "refmount", "refs.json", "/mnt/x", "--no-such-flag"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "did you mean" not in r.stderr, r.stderr

@@ -22,6 +22,7 @@ def test_view_sizes_keys_and_zmetadata():
                           "temp/.zattrs": {"_ARRAY_DIMENSIONS": ["t", "y", "x"]}}}
     view = view_of(metas, {".zmetadata": json.dumps(zmeta).encode()})
     assert set(view.arrays) == {"temp", "g/sub/nested"}
+    assert view.is_hidden("names/.zarray") and set(view.left_out) == {"names"}
     assert view.plain == {"plain"} and set(view.skipped) == {"names"}
     assert view.array_of("temp/0.1.1").path == "temp"
     assert view.array_of("temp/0.1") is None  # wrong number of dimensions

@@ -264,3 +264,28 @@ def test_nothing_outside_refs_imports_a_format_module() -> None:
         if hits:
             offenders[path.name] = sorted(hits)
     assert offenders == {}
+
+
+def test_version_0_wrapped_in_refs_is_a_version_0_set(tmp_path: Path) -> None:
+    """``{"version": 0, "refs": {...}}``: the README's Version 0, as some writers wrap it."""
+    src = tmp_path / "v0.json"
+    src.write_text('{"version": 0, "refs": {".zgroup": "{\\"zarr_format\\": 2}", "a": "xyz"}}')
+    info = inspect(str(src), {})
+    assert info["keys"] == 2 and info["inline_bytes"] == len('{"zarr_format": 2}') + 3
+    src.write_text('{"version": 0, "templates": {"u": "x"}, "refs": {"a": "b"}}')
+    with pytest.raises(ReferenceSetError, match="version 0 has no 'templates' or 'gen'"):
+        inspect(str(src), {})
+    src.write_text('{"version": 2, "refs": {}}')
+    with pytest.raises(ReferenceSetError, match="unsupported reference set version 2"):
+        inspect(str(src), {})
+
+
+@pytest.mark.parametrize("doc", ['{"zarr_format": 2}',
+                                 '{"shape": [2], "zarr_format": 2}',  # a .zarray: its second key
+                                 '{"metadata": {".zgroup": {}}, "zarr_consolidated_format": 1}',
+                                 '{"attributes": {}, "node_type": "group", "zarr_format": 3}'])
+def test_zarr_metadata_given_as_source_is_not_a_reference_set(tmp_path: Path, doc: str) -> None:
+    src = tmp_path / "meta.json"
+    src.write_text(doc)
+    with pytest.raises(ReferenceSetError, match="not a reference set: a zarr metadata document"):
+        inspect(str(src), {})
