@@ -599,7 +599,7 @@ class TargetReadahead:
         its end: with many streams per target, the loose rule would let a random reader's
         ranges continue one stream or another."""
         if not run.started:
-            close = min(self.SLACK, self.CLOSE * span)
+            close = self.CLOSE * span  # in ranges: readers fetching several at once, out of order
             return continues(start, run.end, front=run.end, behind=close, slack=close)
         behind = max(self.SLACK, min(self.CONCURRENT * span, max(self.BEHIND, run.window)))
         return continues(start, run.end, front=max(run.end, run.ahead), behind=behind, slack=self.SLACK)
