@@ -595,12 +595,15 @@ class TargetReadahead:
         ``SLACK`` past what was read or prefetched so far -- concurrent readers run ahead of
         each other inside the prefetched stretch -- and not further behind the furthest
         range than several ranges' worth (as many as readers fetch at once). A stream that
-        has not read ahead yet takes only a range that starts within ``CLOSE`` ranges after
-        its end: with many streams per target, the loose rule would let a random reader's
-        ranges continue one stream or another."""
+        has not read ahead yet takes only a range that starts within ``CLOSE`` ranges (and
+        ``SLACK``) after its end: with many streams per target, the loose rule would let a
+        random reader's ranges continue one stream or another."""
         if not run.started:
-            close = self.CLOSE * span  # in ranges: readers fetching several at once, out of order
-            return continues(start, run.end, front=run.end, behind=close, slack=close)
+            # Behind its end as far as a started stream takes (readers fetching several at once
+            # report ranges out of order: neither progress nor another stream), ahead only close.
+            behind = max(self.SLACK, min(self.CONCURRENT * span, self.BEHIND))
+            return continues(start, run.end, front=run.end, behind=behind,
+                             slack=min(self.SLACK, self.CLOSE * span))
         behind = max(self.SLACK, min(self.CONCURRENT * span, max(self.BEHIND, run.window)))
         return continues(start, run.end, front=max(run.end, run.ahead), behind=behind, slack=self.SLACK)
 
