@@ -388,7 +388,7 @@ error_log {run}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
     default_type application/octet-stream;
-    access_log off;
+    {access}
     client_body_temp_path {run}/client_body;
     proxy_temp_path {run}/proxy;
     fastcgi_temp_path {run}/fastcgi;
@@ -438,8 +438,9 @@ class Nginx:
     """nginx with a configuration of its own, in the foreground as our child, stopped by PID."""
 
     def __init__(self, root: Path, run_dir: Path, workers: int | str = "auto",
-                 latency_ms: float = 0.0, rate: str | None = None) -> None:
+                 latency_ms: float = 0.0, rate: str | None = None, access_log: Path | None = None) -> None:
         self.root = root
+        self.access_log = access_log  # one line per request (the requests a peer made), or none
         self.run_dir = run_dir
         self.workers = workers
         self.latency_ms = latency_ms  # added before each response's first byte
@@ -458,6 +459,8 @@ class Nginx:
             conf.write_text(NGINX_CONF.format(user=user, group=group, workers=self.workers,
                                               run=self.run_dir, port=self.port, root=self.root,
                                               modules=ECHO_MODULE if self.latency_ms > 0 else "",
+                                              access=f"access_log {self.access_log};" if self.access_log
+                                              else "access_log off;",
                                               locations=nginx_locations(self.root, self.latency_ms,
                                                                         self.rate)))
             with open(self.run_dir / "nginx.stderr", "wb") as err:
@@ -477,6 +480,13 @@ class Nginx:
 
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.port}/{name}"
+
+    def requests(self) -> int:
+        """The requests answered so far (with ``access_log``; 0 without)."""
+        if self.access_log is None or not self.access_log.exists():
+            return 0
+        with open(self.access_log, "rb") as f:
+            return sum(1 for _ in f)
 
     def pids(self) -> list[int]:
         if self.proc is None or self.proc.poll() is not None:

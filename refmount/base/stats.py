@@ -17,6 +17,7 @@ class Stats:
     merged: int = 0  # ranges that shared a request with others (adjacent, read at once)
     prefetched: int = 0  # bytes fetched ahead of readers going through a target in order
     prefetch_hits: int = 0  # reads served from those
+    readahead_streams: int = 0  # streams of keys read in target order that began reading ahead
     bytes_fetched: int = 0
     retries: int = 0
     errors: int = 0  # reads answered with an error

@@ -290,6 +290,7 @@ def format_stats(stats: dict[str, Any]) -> str:
         ("requests", "fetches from targets"), ("bytes_fetched", "bytes fetched"),
         ("merged", "ranges in merged fetches"),
         ("prefetched", "bytes read ahead across keys"), ("prefetch_hits", "reads served from those"),
+        ("readahead_streams", "streams read ahead across keys"),
         ("pushed", "bytes stored in the page cache at open"),
         ("decoded", "chunks decoded (-o decode)"), ("decoded_ahead", "of those, decoded ahead"),
         ("memory_hits", "memory cache hits"), ("disk_hits", "disk cache hits"),

@@ -17,7 +17,11 @@ how to fetch it, load it in the background):
 * ``TargetReadahead`` — across keys: a reader going through a target front to back (below);
   it fetches stretches itself, and ``AcrossKeys`` puts it behind the interface.
 
-All per-target state is in bounded maps (``LRU``), and prefetched bytes within a capacity.
+Readers found at different places of one target keep a stream each (``Streams``, as the
+kernel keeps readahead per open file): ``OrderDetector``, ``GridReadahead`` and
+``TargetReadahead`` keep their state per stream, each stream found from the positions its
+reads continue. All such state is bounded (streams per target and in all, the least recently
+continued forgotten first), and prefetched bytes within a capacity.
 
 Readahead across references. Zarr readers read chunks in order, and kerchunk sets usually
 lay chunks out in that order inside their target (an HDF5/netCDF file, a GRIB message after
@@ -36,10 +40,17 @@ Stretches after the first start and end on the target's ``grid`` (the block size
 each whole grid block of a stretch is handed to ``on_block`` (``GridBlocks`` writes it to the
 disk cache as one block instead of one file per key, and later serves keys from it).
 
-Only misses count (a reader served by the disk cache starts nothing), a run that jumps
-elsewhere starts over, and a failed prefetch stops readahead for that run (a stretch
-past the end of the target fails; the reads themselves are not affected). Prefetched
-stretches are kept first-in first-out within ``capacity`` bytes.
+Several readers going through one target at once (Dask workers each reading its slab, HTTP
+clients each reading a slice) keep one stream each: a range belongs to the stream whose
+reads it continues (the nearest), and a miss that continues none starts a stream of its own.
+Each stream has its own window; the bounds are global: stretches held within ``capacity``
+bytes (first-in first-out), bytes in flight within ``max_inflight`` across all streams, and
+each stream's window within its share of the capacity while several read ahead.
+
+Only misses count (a reader served by the disk cache starts nothing), a read that continues
+no stream starts one (a random reader's reads start streams that never read ahead), and a
+failed prefetch stops readahead for that stream (a stretch past the end of the target fails;
+the reads themselves are not affected).
 """
 
 from __future__ import annotations
@@ -47,19 +58,20 @@ from __future__ import annotations
 import bisect
 import functools
 import logging
-from collections import deque
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import NamedTuple, Protocol, TypeVar
 
 import trio
 
 from refmount.base.background import Background, soon_in_trio
-from refmount.base.lru import LRU
 from refmount.base.stats import Stats
 from refmount.cache.blocks import round_up
 from refmount.core.blockstore import BlockKey, Fetch, block_of
+from refmount.core.streams import Streams
+from refmount.targets.fetch import Sink
 from refmount.targets.inflight import LinkEstimates
-from refmount.targets.rangeanswers import Sink
 
 log = logging.getLogger(__name__)
 
@@ -74,25 +86,40 @@ def continues(start: int, end: int, *, front: int, behind: int, slack: int = SLA
     return end - behind <= start <= front + slack
 
 
+class _Position:
+    __slots__ = ("end",)
+
+    def __init__(self, end: int) -> None:
+        self.end = end
+
+
 class OrderDetector:
-    """Per target: where the last read of a key for the first time ended, and whether the
-    next one starts near there (``continues`` within ``SLACK`` either way). Bounded: the
-    least recently read targets are forgotten beyond ``max_targets``."""
+    """Per stream of a target's keys (``Streams``): where its last read of a key for the
+    first time ended, and whether the next one starts near there (``continues`` within
+    ``SLACK`` either way). Bounded: at most ``per_target`` streams of a target and
+    ``max_streams`` in all, the least recently continued forgotten first."""
 
-    __slots__ = ("_ends", "slack")
+    __slots__ = ("_streams", "slack")
 
-    def __init__(self, max_targets: int = 10_000, slack: int = SLACK) -> None:
-        self._ends: LRU[str, int] = LRU(max_targets)
+    def __init__(self, max_streams: int = 16_384, slack: int = SLACK, per_target: int = 16) -> None:
+        self._streams: Streams[_Position] = Streams(per_target, max_streams)
         self.slack = slack
 
     def follows(self, url: str, start: int, end: int) -> bool:
-        """Whether [start, end) follows the last read of ``url``; notes where it ends."""
-        last = self._ends.get(url)
-        self._ends.put(url, end)
-        return last is not None and continues(start, last, front=last, behind=self.slack, slack=self.slack)
+        """Whether [start, end) follows the last read of a stream of ``url``; that stream
+        (or a new one) now ends at ``end``."""
+        slack = self.slack
+        stream = self._streams.find(
+            url, start, lambda s: continues(start, s.end, front=s.end, behind=slack, slack=slack))
+        if stream is None:
+            self._streams.add(url, _Position(end))
+            return False
+        stream.end = end
+        return True
 
     def __len__(self) -> int:
-        return len(self._ends)
+        """The streams remembered."""
+        return len(self._streams)
 
 
 class Loader(Protocol):
@@ -196,45 +223,56 @@ class HandleReadahead:
         return range((end - 1) // bs + 1, last + 1)
 
 
+class _GridRun:
+    __slots__ = ("ahead", "end")
+
+    def __init__(self, block: int) -> None:
+        self.end = block  # the last block served
+        self.ahead = block  # loaded up to here
+
+
 class GridReadahead:
-    """Keys served from grid blocks: while they go on in order (``continues`` in blocks: the
-    same block or the next), the following blocks on disk are loaded ahead (up to
-    ``max_readahead``), until the first that the disk certainly lacks. A jump stops it until
-    keys follow on again. ``Readahead[str]``: the stream is the target's URL."""
+    """Keys served from grid blocks: per stream of a target's keys (``Streams``), while they
+    go on in order (``continues`` in blocks: the same block or the next), the following
+    blocks on disk are loaded ahead (up to ``max_readahead``), until the first that the disk
+    certainly lacks. A key that continues no stream starts one, and loads nothing until keys
+    follow on. ``Readahead[str]``: the stream is found from the target's URL and where the
+    key lies."""
 
     SLACK = 1  # blocks: a key in the next block continues
     BEHIND = 0
 
-    def __init__(self, block_size: int, max_readahead: int, max_targets: int = 10_000) -> None:
+    def __init__(self, block_size: int, max_readahead: int, max_streams: int = 16_384,
+                 per_target: int = 16) -> None:
         self.block_size = block_size
         self.max_readahead = max_readahead
-        self._runs: LRU[str, list[int]] = LRU(max_targets)  # [last block served, loaded up to]
+        self._runs: Streams[_GridRun] = Streams(per_target, max_streams)
 
     def _continues(self, k: int, last: int) -> bool:
         return continues(k, last, front=last, behind=self.BEHIND, slack=self.SLACK)
 
     def in_order(self, url: str, start: int) -> bool:
-        """Whether a key of ``url`` from ``start`` continues the keys served (its block is
-        the last one served or the next)."""
-        run = self._runs.peek(url)
-        return run is not None and self._continues(start // self.block_size, run[0])
+        """Whether a key of ``url`` from ``start`` continues a stream of keys served (its
+        block is the stream's last one or the next)."""
+        k = start // self.block_size
+        return any(self._continues(k, run.end) for run in self._runs.of(url))
 
     def note(self, stream: str, start: int, end: int, loader: Loader | None) -> None:
         """A key [start, end) of the target ``stream`` was served from grid blocks: load the
         next blocks from disk (``loader``: only blocks it may have on disk)."""
         url, k = stream, (end - 1) // self.block_size
-        run = self._runs.get(url)
+        first = start // self.block_size
+        run = self._runs.find(url, first, lambda r: self._continues(first, r.end) and k >= r.end)
         if run is None:
-            self._runs.put(url, [k, k])
+            self._runs.add(url, _GridRun(k))
             return
-        last, ahead = run
-        run[0] = k
-        if not self._continues(k, last) or loader is None:
-            run[1] = k  # a jump: no readahead until keys follow on again
+        run.end = k
+        if loader is None:
+            run.ahead = k
             return
         bs = self.block_size
         stop = k + max(1, self.max_readahead // bs)
-        for j in range(max(ahead, k) + 1, stop + 1):
+        for j in range(max(run.ahead, k) + 1, stop + 1):
             gkey = BlockKey(url, j * bs, bs)
             if loader.busy(gkey):
                 continue
@@ -242,9 +280,10 @@ class GridReadahead:
                 stop = j  # the cached part ends here
                 break
             loader.prefetch(gkey, None, upto=True)
-        run[1] = max(ahead, stop)
+        run.ahead = max(run.ahead, stop)
 
     def __len__(self) -> int:
+        """The streams remembered."""
         return len(self._runs)
 
 
@@ -271,13 +310,18 @@ class AcrossKeys:
 
 
 class _Run:
-    __slots__ = ("ahead", "end", "stopped", "streak", "waited", "window")
+    """One stream of a target's keys read in order: its own position and window."""
+
+    __slots__ = ("ahead", "end", "fetched", "read", "started", "stopped", "streak", "waited", "window")
 
     def __init__(self, end: int) -> None:
         self.end = end  # furthest byte read on demand (or from a prefetched stretch)
+        self.read = 0  # bytes of the ranges it took
+        self.fetched = 0  # bytes of the stretches it started
         self.streak = 0  # consecutive ranges that followed on
         self.ahead = 0  # prefetched (or being prefetched) up to here
         self.window = 0
+        self.started = False  # it has read ahead
         self.stopped = False
         self.waited = False  # a reader waited for a stretch in flight: the window is too small
 
@@ -289,12 +333,13 @@ class _Stretch:
     ``when_arrived`` elsewhere), not for the whole stretch -- a request of up to
     ``REQUEST_LIMIT`` bytes, many times a chunk. ``done`` is set when the fetch is over."""
 
-    __slots__ = ("_at", "_callbacks", "_pieces", "arrived", "blocks_from", "done", "end", "start")
+    __slots__ = ("_at", "_callbacks", "_pieces", "arrived", "blocks_from", "done", "end", "run", "start")
 
-    def __init__(self, start: int, end: int, blocks_from: int) -> None:
+    def __init__(self, start: int, end: int, blocks_from: int, run: _Run | None = None) -> None:
         self.start = start
         self.end = end
         self.blocks_from = blocks_from  # from here on the stretch is whole grid blocks
+        self.run = run  # the stream that fetches it
         self.done = trio.Event()
         self.arrived = 0  # bytes from ``start`` that have arrived
         self._pieces: list[bytes] = []
@@ -375,12 +420,16 @@ class RangeFetcher(Protocol):
 
 class TargetReadahead:
     SLACK = SLACK  # a range within this of the last one's end continues the run
-    MIN_STREAK = 2  # ranges in a row before prefetching starts
+    MIN_STREAK = 3  # ranges in a row before prefetching starts
+    CLOSE = 4  # ... each starting within this many ranges of the last one's end
+    USED = 8  # a stream reads ahead while its readers read at least 1/USED of what it fetched
     BEHIND = 4 * 2**20  # this far behind the furthest range is "out of order", not a jump
     CONCURRENT = 16  # ... or this many ranges behind it, up to the window: readers fetching at once
     FIRST_WINDOW = 2 * 2**20
     REQUEST_LIMIT = 8 * 2**20
-    MAX_RUNS = 10_000
+    PER_TARGET = 16  # streams of one target (readers at different places in it)
+    MAX_STREAMS = 16_384  # streams of all targets
+    ACTIVE = 2.0  # seconds: a stream that read ahead this recently shares the capacity
 
     def __init__(
         self,
@@ -392,17 +441,25 @@ class TargetReadahead:
         grid: int,
         on_block: Callable[[str, int, memoryview], None] | None = None,
         links: LinkEstimates | None = None,
+        max_inflight: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.fetcher = fetcher
         self.stats = stats
         self.capacity = capacity
         self.max_window = max_window
+        # Bytes being fetched ahead, all streams together: by default what one stream may
+        # have ahead of its reader.
+        self.max_inflight = max_window if max_inflight is None else max_inflight
         self.grid = grid
         self.on_block = on_block
-        self._runs: LRU[str, _Run] = LRU(self.MAX_RUNS)
+        self.clock = clock
+        self._runs: Streams[_Run] = Streams(self.PER_TARGET, self.MAX_STREAMS)
+        self._active: OrderedDict[_Run, float] = OrderedDict()  # streams reading ahead, by last time
         self._stretches: dict[str, list[_Stretch]] = {}  # per target, sorted by start
         self._fifo: deque[tuple[str, _Stretch]] = deque()
         self._size = 0
+        self._inflight = 0
         # Latency and bandwidth per host (the fetcher's, fed by every request): they size
         # the window behind a slow link.
         self.links = links if links is not None else LinkEstimates()
@@ -413,9 +470,19 @@ class TargetReadahead:
         each extension."""
         return self._size
 
+    @property
+    def inflight_bytes(self) -> int:
+        """Bytes of the stretches being fetched: at most ``max_inflight``."""
+        return self._inflight
+
     def __len__(self) -> int:
-        """The targets whose runs are remembered (at most ``MAX_RUNS``)."""
+        """The streams remembered (at most ``PER_TARGET`` of a target, ``MAX_STREAMS`` in
+        all)."""
         return len(self._runs)
+
+    def streams(self, url: str) -> list[tuple[int, int]]:
+        """Each stream of ``url``: (where its reads got to, its window)."""
+        return [(run.end, run.window) for run in self._runs.of(url)]
 
     async def lookup(self, url: str, start: int, end: int) -> tuple[memoryview | bytes, bool] | None:
         """Bytes [start, end) of ``url`` from prefetched stretches, if they cover them (waiting
@@ -427,8 +494,8 @@ class TargetReadahead:
         for stretch in cover:
             need = min(end, stretch.end)
             if not stretch.done.is_set() and stretch.start + stretch.arrived < need:
-                if (run := self._runs.get(url)) is not None:
-                    run.waited = True
+                if stretch.run is not None:
+                    stretch.run.waited = True
                 await stretch.reach(need)  # its part of the stretch, not all of it
         return self._join(cover, start, end)
 
@@ -442,8 +509,8 @@ class TargetReadahead:
             return False
         for stretch in cover:
             if stretch.when_arrived(min(end, stretch.end), call):
-                if (run := self._runs.get(url)) is not None:
-                    run.waited = True
+                if stretch.run is not None:
+                    stretch.run.waited = True
                 return True
         return False
 
@@ -486,11 +553,13 @@ class TargetReadahead:
         """A range of ``url`` was read: a fetch on demand (``miss``) or from a stretch."""
         if nursery is None or self.max_window <= 0:
             return
-        run = self._runs.get(url)
-        if run is None or not self._in_run(run, start, end - start):
-            if miss:  # a new run starts only where reads go to the network
-                self._runs.put(url, _Run(end))
+        span = end - start
+        run = self._runs.find(url, start, lambda r: self._in_run(r, start, span))
+        if run is None:
+            if miss:  # a new stream starts only where reads go to the network
+                self._runs.add(url, _Run(end))
             return
+        run.read += span
         if end <= run.end:
             # Behind the furthest range: concurrent readers (zarr fetches several chunks at
             # once) report ranges out of order. Neither progress nor a jump.
@@ -498,23 +567,57 @@ class TargetReadahead:
         run.end = end
         run.streak += 1
         if run.streak >= self.MIN_STREAK and not run.stopped:
-            self._extend(url, run, nursery, end - start)
+            if not run.started:
+                run.started = True
+                self.stats.readahead_streams += 1
+            self._extend(url, run, nursery, span)
+
+    def _share(self, run: _Run) -> int:
+        """The most a stream may keep ahead of its reader: ``max_window`` alone, or its share
+        of ``capacity`` when several streams read ahead (half of it split between those that
+        did in the last ``ACTIVE`` seconds), so that stretches are read before the capacity
+        drops them. Never below ``FIRST_WINDOW``."""
+        now = self.clock()
+        active = self._active
+        active[run] = now
+        active.move_to_end(run)
+        while active:
+            oldest, seen = next(iter(active.items()))
+            if now - seen <= self.ACTIVE and len(active) <= self.MAX_STREAMS:
+                break
+            del active[oldest]
+        if len(active) == 1:
+            return self.max_window
+        return min(self.max_window, max(self.FIRST_WINDOW, self.capacity // (2 * len(active))))
 
     def _in_run(self, run: _Run, start: int, span: int) -> bool:
         """Whether a range starting at ``start`` belongs to ``run``: it starts at most
         ``SLACK`` past what was read or prefetched so far -- concurrent readers run ahead of
         each other inside the prefetched stretch -- and not further behind the furthest
-        range than several ranges' worth (as many as readers fetch at once)."""
+        range than several ranges' worth (as many as readers fetch at once). A stream that
+        has not read ahead yet takes only a range that starts within ``CLOSE`` ranges (and
+        ``SLACK``) after its end: with many streams per target, the loose rule would let a
+        random reader's ranges continue one stream or another."""
+        if not run.started:
+            # Behind its end as far as a started stream takes (readers fetching several at once
+            # report ranges out of order: neither progress nor another stream), ahead only close.
+            behind = max(self.SLACK, min(self.CONCURRENT * span, self.BEHIND))
+            return continues(start, run.end, front=run.end, behind=behind,
+                             slack=min(self.SLACK, self.CLOSE * span))
         behind = max(self.SLACK, min(self.CONCURRENT * span, max(self.BEHIND, run.window)))
         return continues(start, run.end, front=max(run.end, run.ahead), behind=behind, slack=self.SLACK)
 
     def _extend(self, url: str, run: _Run, nursery: Background | trio.Nursery, span: int) -> None:
         ahead = max(run.ahead, run.end)
         link = self.links.of(url)
-        piece = self.REQUEST_LIMIT  # one request (targets/inflight.py: why not smaller ones)
+        share = self._share(run)
+        # One request (targets/inflight.py: why not smaller ones), within the stream's share.
+        piece = min(self.REQUEST_LIMIT, max(self.grid, share))
         lead = ahead - run.end
         if run.window and lead >= run.window // 2 and lead + piece > run.window:
             return  # well ahead of the reader, and a whole request more would pass the window
+        if run.fetched > self.USED * run.read + max(self.FIRST_WINDOW, 8 * span):
+            return  # its readers use little of what it brings: ranges in order by chance
         # Big chunks start with a bigger window: readers (zarr) fetch several at once, and a
         # window of a chunk or two would fall behind them at once. Behind latency, the window
         # covers several requests in flight, each about a bandwidth-delay product.
@@ -526,8 +629,10 @@ class TargetReadahead:
         # reader) cost no more than before; from the second on it covers the link.
         run.window = min(max(run.window * 2 if grow else run.window, self.FIRST_WINDOW, 8 * span,
                              link.window(piece, 0, self.max_window) if run.window else 0),
-                         self.max_window)
+                         share)
         target = run.end + run.window
+        alone = share >= self.max_window
+        limit = round_up(target, self.grid)
         stretches = self._stretches.setdefault(url, [])
         while ahead < target:
             # What a stretch already holds (or is fetching) is not fetched again: several
@@ -538,15 +643,21 @@ class TargetReadahead:
                 ahead = stretches[i - 1].end
                 continue
             # End on the grid: every stretch after the first is whole grid blocks.
-            stop = (ahead + piece) // self.grid * self.grid
+            # With other streams, a request ends with the window too: what each holds stays
+            # within its share.
+            stop = (ahead + piece if alone else min(ahead + piece, limit)) // self.grid * self.grid
             if stop <= ahead:
                 stop = round_up(ahead + 1, self.grid)
             if i < len(stretches):
                 stop = min(stop, stretches[i].start)  # up to the next one
-            stretch = _Stretch(ahead, stop, round_up(ahead, self.grid))
+            if self._inflight and self._inflight + stop - ahead > self.max_inflight:
+                break  # all streams together have their most in flight: later
+            stretch = _Stretch(ahead, stop, round_up(ahead, self.grid), run)
             bisect.insort(stretches, stretch, key=lambda s: s.start)
             self._fifo.append((url, stretch))
             self._size += stretch.end - stretch.start
+            self._inflight += stretch.end - stretch.start
+            run.fetched += stretch.end - stretch.start
             nursery.start_soon(self._fetch, url, stretch, run)
             ahead = stretch.end
         run.ahead = ahead
@@ -554,6 +665,7 @@ class TargetReadahead:
 
     async def _fetch(self, url: str, stretch: _Stretch, run: _Run) -> None:
         ok = False
+        asked = stretch.end - stretch.start
         try:
             got = await self.fetcher.stream_range(url, stretch.start, stretch.end, stretch.receive)
             ended = got < stretch.end - stretch.start
@@ -577,6 +689,7 @@ class TargetReadahead:
             self._drop(url, stretch)
             log.debug("readahead of %s bytes %d-%d stopped: %s", url, stretch.start, stretch.end, e)
         finally:
+            self._inflight -= asked
             stretch.settle(ok)
 
     def _drop(self, url: str, stretch: _Stretch) -> None:
@@ -591,3 +704,8 @@ class TargetReadahead:
         while self._size > self.capacity and self._fifo:
             url, stretch = self._fifo.popleft()
             self._drop(url, stretch)  # readers waiting on it keep their reference
+            run = stretch.run
+            if run is not None and run.end < stretch.end and stretch.start < run.ahead:
+                # Dropped before its reader got there: the stream fetches it again when it
+                # tops up, instead of counting on it until the reader passes it.
+                run.ahead = max(run.end, stretch.start)

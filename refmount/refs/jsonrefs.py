@@ -35,7 +35,7 @@ from refmount.refs.jsonparse import IntegerOverflow, MalformedJSON, Opener, json
 from refmount.refs.limits import DEFAULT_LIMITS, JsonReader, Limits
 from refmount.refs.model import Ref, ReferenceSetError
 from refmount.refs.nonfinite import NonFiniteWatch, filtered
-from refmount.refs.source import open_source, source_identity
+from refmount.refs.source import open_source, source_identity, source_mtime_ns
 from refmount.refs.tree import KeyTree
 
 log = logging.getLogger(__name__)
@@ -248,6 +248,11 @@ class JsonFormat(Format):
                         len(builder.skipped) + builder.skipped_unnamed, builder.skipped[0])
         meta = summary_metadata(table)
         meta["source"] = source
+        # The set's time stamp (HTTP Last-Modified, the entity tags' input): SOURCE's own,
+        # so that every server of one SOURCE gives the same tags (replicas behind a cache).
+        stamp = source_mtime_ns(source, options, limits.source_timeout)
+        if stamp is not None:
+            meta["source_mtime_ns"] = str(stamp)
         if cached:
             try:
                 write_index(table, cached, meta)
@@ -274,7 +279,8 @@ class JsonFormat(Format):
                   bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS,
                   relative: Callable[[str], bool] | None = None) -> OpenedTree:
         keys = KeyIndex.open(index.path)
-        mtime_ns = os.stat(index.path).st_mtime_ns
+        stamp = keys.metadata.get("source_mtime_ns")
+        mtime_ns = int(stamp) if stamp and stamp.isdigit() else os.stat(index.path).st_mtime_ns
         if index.temporary:
             os.unlink(index.path)  # the mapping keeps it alive; nothing left behind
         info = {name: keys.metadata.get(name, "?")

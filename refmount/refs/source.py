@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import email.utils
 import hashlib
 import json
 import sys
@@ -168,3 +171,27 @@ def source_identity(source: str, target_options: dict[str, Any], salt: str,
     # The environment may change what SOURCE names (AWS_ENDPOINT_URL, ...): see base/urlenv.py.
     blob = json.dumps([fs.unstrip_protocol(path), stamp, salt, environment_identity()], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:40]
+
+
+def source_mtime_ns(source: str, target_options: dict[str, Any], timeout: float | None = None) -> int | None:
+    """SOURCE's modification time as the storage reports it (a file's mtime, an object's
+    ``LastModified``), in nanoseconds; None when it reports none or does not answer. The
+    same SOURCE gives the same time to every process that reads it (replicas of a server)."""
+    try:
+        fs, path = url_to_fs(source, **target_options)
+        info = within(None if is_local(source) else timeout, source, fs.info, path)
+    except Exception:
+        return None
+    for k in ("mtime", "LastModified", "last_modified", "created"):
+        value = info.get(k)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return int(value * 1_000_000_000)
+        if isinstance(value, datetime.datetime):
+            return int(value.timestamp() * 1_000_000_000)
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError, TypeError):
+                return int(email.utils.parsedate_to_datetime(value).timestamp() * 1_000_000_000)
+            with contextlib.suppress(ValueError):
+                return int(datetime.datetime.fromisoformat(value).timestamp() * 1_000_000_000)
+    return None
+

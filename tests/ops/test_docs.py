@@ -31,6 +31,8 @@ DOCS = ("README.md", "docs/operations.md")
 
 # Lines not run here: the start of the line -> who runs it, or why it cannot run here.
 ELSEWHERE = {
+    "kubectl apply": "needs a Kubernetes cluster (tests/scale/test_scaleout.py checks the manifests and runs "
+                     "their nginx configuration)",
     "bash scripts/demo.sh": "the demo: scripts/demo.sh is the README's first command, run by hand",
     "bash scripts/test.sh": "this suite itself (.ci/run runs it)",
     "sudo bash scripts/install.sh": "tests/ops/test_systemd.py and tests/ops/test_admin.py (system install)",

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 NGINX = "/usr/sbin/nginx"
@@ -219,6 +220,25 @@ class NginxServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class NginxConfigured(NginxServer):
+    """nginx running a whole configuration of the caller's: ``render(port)`` gives its text
+    for the port to listen on (pid file, logs and caches under ``run_dir``, the caller's job)."""
+
+    def __init__(self, render: Callable[[int], str], run_dir: str | os.PathLike) -> None:
+        super().__init__(run_dir, run_dir=run_dir)
+        self.render = render
+
+    def _write_conf(self, port: int) -> Path:
+        conf = self.run_dir / "nginx.conf"
+        conf.write_text(self.render(port))
+        return conf
+
+    def user_line(self) -> str:
+        """``user NAME GROUP;`` for this process's user (nginx started as root otherwise runs
+        its workers as nobody, who cannot read pytest's private temporary directories)."""
+        return f"user {pwd.getpwuid(os.geteuid()).pw_name} {grp.getgrgid(os.getegid()).gr_name};"
 
 
 def _main(argv: list[str]) -> int:

@@ -217,9 +217,10 @@ def test_readers_of_a_stretch_get_their_part_before_the_rest_of_its_response(tmp
                 f.attach(nursery)
                 ra = TargetReadahead(f, Stats(), capacity=64 * 2**20, max_window=8 * 2**20,
                                      grid=4 * 2**20, links=f.links)
-                for i in range(3):  # three keys in order, read on demand: a stretch follows
+                keys = ra.MIN_STREAK + 1  # keys in order, read on demand: a stretch follows
+                for i in range(keys):
                     ra.note(server.url, i * chunk, (i + 1) * chunk, nursery, miss=True)
-                s = 3 * chunk
+                s = keys * chunk
                 with trio.fail_after(10):
                     first = await ra.lookup(server.url, s, s + chunk)
                 got["held back while served"] = not server.release.is_set()
@@ -231,7 +232,7 @@ def test_readers_of_a_stretch_get_their_part_before_the_rest_of_its_response(tmp
                 nursery.cancel_scope.cancel()
 
         guestloop.run(main, on_loop=f.bind_loop, before_close=f.aclose)
-        s = 3 * chunk
+        s = (TargetReadahead.MIN_STREAK + 1) * chunk
         assert got["first"] == server.content(s, s + chunk)
         assert got["held back while served"]
         assert got["late"] == server.content(s + 4 * 2**20, s + 4 * 2**20 + chunk)

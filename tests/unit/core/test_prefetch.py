@@ -183,10 +183,10 @@ class StreamingTarget:
 
 async def stretch_of(target: StreamingTarget, chunk: int,
                      nursery: trio.Nursery) -> tuple[TargetReadahead, int]:
-    """Three keys of ``chunk`` bytes read on demand in order: readahead fetches a stretch
-    from where they end. The stretch's start."""
+    """Keys of ``chunk`` bytes read on demand in order (the first and ``MIN_STREAK`` more):
+    readahead fetches a stretch from where they end. The stretch's start."""
     ra = TargetReadahead(target, Stats(), capacity=64 * MiB, max_window=8 * MiB, grid=4 * MiB)  # type: ignore[arg-type]
-    for i in range(3):
+    for i in range(ra.MIN_STREAK + 1):
         ra.note(URL, i * chunk, (i + 1) * chunk, nursery, miss=True)
     await trio.testing.wait_all_tasks_blocked()  # the stretch's task starts
     assert target.requests, "readahead should have started a stretch"

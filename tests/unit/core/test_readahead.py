@@ -51,7 +51,7 @@ def test_order_detector_follows_reads_near_the_last_end() -> None:
 
 
 def test_order_detector_is_bounded() -> None:
-    order = OrderDetector(max_targets=100)
+    order = OrderDetector(max_streams=100)
     for i in range(1000):
         order.follows(f"u{i}", 0, 10)
     assert len(order) == 100
@@ -122,7 +122,7 @@ def test_grid_readahead_stops_on_a_jump_and_where_the_disk_ends() -> None:
 
 
 def test_grid_readahead_is_bounded_in_targets() -> None:
-    ra = GridReadahead(block_size=MiB, max_readahead=MiB, max_targets=50)
+    ra = GridReadahead(block_size=MiB, max_readahead=MiB, max_streams=50)
     for i in range(500):
         ra.note(f"u{i}", *key_in(0), None)
     assert len(ra) == 50
@@ -169,9 +169,9 @@ def test_target_readahead_forgets_old_targets() -> None:
 
     async def main() -> None:
         async with trio.open_nursery() as n:
-            for i in range(ra.MAX_RUNS + 100):
+            for i in range(ra.MAX_STREAMS + 100):
                 ra.note(f"u{i}", 0, 10, n, miss=True)
-            assert len(ra) == ra.MAX_RUNS
+            assert len(ra) == ra.MAX_STREAMS
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 

@@ -117,6 +117,20 @@ def test_json_persisted_index_is_reused(json_set: RefSet, tmp_path: Path) -> Non
     assert not other.reused and other.path != first.path
 
 
+def test_json_sets_time_stamp_is_sources_in_every_index(json_set: RefSet, tmp_path: Path) -> None:
+    # Two servers of one SOURCE (replicas, each with its own cache directory, indexing at
+    # different times) give the same time stamp, hence the same entity tags.
+    fmt = format_named("json")
+    source = str(json_set.source)
+    stamps = []
+    for cache in ("a", "b"):
+        index = fmt.prepare(source, {}, cache_dir=str(tmp_path / cache))
+        os.utime(index.path, ns=(1, len(stamps) + 1))  # indexed at other times
+        stamps.append(fmt.open_tree(index, source, {}).mtime_ns)
+    assert stamps[0] == stamps[1]
+    assert abs(stamps[0] - os.stat(source).st_mtime_ns) < 1000  # SOURCE's (fsspec: float seconds)
+
+
 def test_json_limits_reach_the_parse(json_set: RefSet) -> None:
     with pytest.raises(ReferenceSetError, match="max_inline"):
         format_named("json").prepare(str(json_set.source), {}, limits=Limits(max_inline=8))
