@@ -43,7 +43,7 @@ from aiohttp.web_request import BaseRequest
 
 from . import listing
 from .codecplan import DecodedArray
-from .consolidated import METADATA_NAMES, consolidation
+from .consolidated import MAX_BYTES, MAX_VALUES, METADATA_NAMES, ConsolidationRefused, consolidation
 from .core import SetCore
 from .cors import cors_headers, preflight_headers
 from .errors import FetchError, ReadError
@@ -65,6 +65,7 @@ WRITE_PIECE = 1 << 18  # bytes handed to the transport at a time (a slow client 
 CONDITION_HEADERS = ("Range", "If-Range", "If-None-Match", "If-Modified-Since")
 STATS_PATH = "/.refmount/stats"  # the server's counters (JSON); never a key of the set
 ALLOWED = "GET, HEAD, OPTIONS"
+UNAVAILABLE = "not served: what it would be made from is past the bounds of the server (see its log)"
 
 
 @dataclass
@@ -110,6 +111,10 @@ class _Plan:
     first: bytes | memoryview | None = None  # the first piece of a GET's body
     error: ReadError | None = None  # the first piece (or the size) could not be had
     state: ReadState = field(default_factory=ReadState)
+
+
+class _Unavailable(Exception):
+    """What the server would synthesize for this path is past its bounds: a 503."""
 
 
 class _BadPath(Exception):
@@ -177,6 +182,8 @@ class HttpFrontEnd:
         # the set's identity in entity tags (with its time stamp: validators.ref_parts)
         self._identity = core.info.get("source", "") if core is not None else ""
         self._zmetadata: bytes | None = None
+        self._zmetadata_refused = False  # past its bounds: never made (kept, not retried)
+        self._zmetadata_lock = trio.Lock()  # made once, whatever the requests asking at once
         # every file's time stamp
         self._mtime = core.mtime_ns / 1e9 if core is not None else time.time()
         self._listing_threads = trio.CapacityLimiter(4)  # listings rendered at once
@@ -249,6 +256,14 @@ class HttpFrontEnd:
         except _BadPath:
             return self._plain(404, headers, "no such key")
         conditions = {name: request.headers.get(name) for name in CONDITION_HEADERS}
+        try:
+            return await self._answer_parts(request, headers, raw, parts, conditions, prefix)
+        except _Unavailable:
+            return self._plain(503, headers, UNAVAILABLE)
+
+    async def _answer_parts(self, request: BaseRequest, headers: dict[str, str], raw: str,
+                            parts: list[bytes], conditions: dict[str, str | None],
+                            prefix: str) -> web.StreamResponse:
         method = request.method
         try:  # answered here when no I/O is needed (a HEAD, a 304, a 404, bytes in memory)
             plan = self._plan_now(parts, method, conditions)
@@ -434,6 +449,8 @@ class HttpFrontEnd:
             if node is None:
                 if names == [b".zmetadata"]:
                     data = await self._synthesized_zmetadata()
+                    if data is None:
+                        raise _Unavailable
                     return _Found(".zmetadata", None, False, len(data), data=data)
                 return None
         assert node is not None
@@ -464,6 +481,8 @@ class HttpFrontEnd:
             node = tree.find(node, name)
             if node is None:
                 if names == [b".zmetadata"]:
+                    if self._zmetadata_refused:
+                        raise _Unavailable
                     if self._zmetadata is None:
                         raise _NeedsTrio  # made once, in a worker thread
                     return _Found(".zmetadata", None, False, len(self._zmetadata), data=self._zmetadata)
@@ -598,11 +617,12 @@ class HttpFrontEnd:
             async for name, _ino, is_dir, _next, size in entries:
                 if synthesize and name > b".zmetadata":
                     synthesize = False
-                    yield ".zmetadata", False, len(await self._synthesized_zmetadata())
+                    if (data := await self._synthesized_zmetadata()) is not None:
+                        yield ".zmetadata", False, len(data)
                 yield (name.decode("utf-8", "surrogateescape"), is_dir,
                        None if is_dir or size < 0 else size)
-        if synthesize:
-            yield ".zmetadata", False, len(await self._synthesized_zmetadata())
+        if synthesize and (data := await self._synthesized_zmetadata()) is not None:
+            yield ".zmetadata", False, len(data)
 
     async def _render_listing(self, found: _Found, path: str, as_json: bool,
                               loop: asyncio.AbstractEventLoop, response: web.StreamResponse) -> None:
@@ -641,15 +661,25 @@ class HttpFrontEnd:
         async with aclosing(entries):
             await trio.to_thread.run_sync(render, limiter=self._listing_threads)
 
-    async def _synthesized_zmetadata(self) -> bytes:
-        """The consolidated metadata of a set that has none, made once (in a worker thread:
-        one vectorised pass over the keys)."""
-        if self._zmetadata is None:
-            made = await trio.to_thread.run_sync(
-                lambda: consolidation(self.core.metadata_keys(METADATA_NAMES)))
-            for key, why in sorted(made.skipped.items()):
-                log.warning("the synthesized .zmetadata leaves out %s: %s", key, why)
-            self._zmetadata = made.document
+    async def _synthesized_zmetadata(self) -> bytes | None:
+        """The consolidated metadata of a set that has none, made once (in a worker thread,
+        key by key within ``consolidated``'s bounds), or None when the set is past them
+        (then never made again: one log line)."""
+        async with self._zmetadata_lock:
+            if self._zmetadata is None and not self._zmetadata_refused:
+                def make() -> Any:
+                    pairs = self.core.metadata_pairs(METADATA_NAMES, max_keys=MAX_VALUES, max_bytes=MAX_BYTES)
+                    return consolidation(pairs)
+
+                try:
+                    made = await trio.to_thread.run_sync(make)
+                except ConsolidationRefused as e:
+                    log.error("no consolidated metadata (.zmetadata) is served for this set: %s", e)
+                    self._zmetadata_refused = True
+                    return None
+                for key, why in sorted(made.skipped.items()):
+                    log.warning("the synthesized .zmetadata leaves out %s: %s", key, why)
+                self._zmetadata = made.document
         return self._zmetadata
 
     # ---- small answers -----------------------------------------------------------------------
