@@ -584,6 +584,9 @@ class _MountBase:
     mountpoint: str = ""
     foreground: bool = False
     serving: bool = False  # refmount serve: a shared service, confined as allow_other
+    # a catalogue's set in a shared mount: its local SOURCE files are opened beneath these
+    # directories (the catalogue's, or allow_local), no symlink followed
+    source_roots: list[str] | None = None
 
     def local_roots(self) -> list[str]:
         """Directories local targets may lie under (``allow_local``, or its default)."""

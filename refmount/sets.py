@@ -46,6 +46,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# What a set's error says outside the log (refmount stats, xattrs, HTTP bodies): fixed texts,
+# never the reason, which may quote the file it could not parse or name local paths.
+OPEN_FAILED = "the set cannot be opened (the log says why)"
+IDENTIFY_FAILED = "the set's SOURCE cannot be identified (the log says why)"
+
 __all__ = ["Entry", "Opened", "SetEvents", "SetSlot", "SetUnavailable", "SetVersion", "Sets",
            "index_and_build", "set_config"]
 
@@ -111,7 +116,7 @@ class SetSlot:
     last_used: float = 0.0  # trio.current_time() of the last request
     last_check: float | None = None  # wall time of the last reload check
     last_reload: float | None = None  # wall time a new version was swapped in
-    error: str | None = None  # why the last indexing failed (the last good version serves)
+    error: str | None = None  # OPEN_FAILED or IDENTIFY_FAILED (the last good version serves)
     failed_identity: str | None = None  # the SOURCE identity that failed: not tried again
     last_key: str = ""  # the index of the last version (a reopen of the same keeps the vid)
     removed: bool = False
@@ -312,11 +317,14 @@ class Sets:
             opened = await trio.to_thread.run_sync(self._open_set, slot.name, entry,
                                                    limiter=self._indexing, abandon_on_cancel=True)
         except Exception as e:
-            message = redact_url(str(e) or type(e).__name__)
-            slot.error = message
+            # the reason (a path, a parse excerpt, a refusal naming directories) goes to the
+            # log only; what clients see (stats, xattrs, a 503) is a fixed text
+            log.error("set %s: cannot be opened: %s", slot.name or "/",
+                      redact_url(str(e) or type(e).__name__))
+            slot.error = OPEN_FAILED
             with contextlib.suppress(Exception):
                 slot.failed_identity = await self._identity(slot)
-            raise SetUnavailable(message) from None
+            raise SetUnavailable(OPEN_FAILED) from None
         log.info("set %s: opened in %.2f s", slot.name or "/", time.monotonic() - began)
         return opened
 
@@ -441,8 +449,9 @@ class Sets:
             try:
                 identity = await self._identity(slot)
             except Exception as e:
-                slot.error = redact_url(f"cannot identify SOURCE: {e}")
-                log.error("set %s: %s (the opened version keeps serving)", slot.name or "/", slot.error)
+                slot.error = IDENTIFY_FAILED
+                log.error("set %s: cannot identify SOURCE: %s (the opened version keeps serving)",
+                          slot.name or "/", redact_url(str(e)))
                 return False
             finally:
                 slot.last_check = time.time()
@@ -453,9 +462,9 @@ class Sets:
                 return False
             try:
                 opened = await self._index(slot, slot.entry)
-            except SetUnavailable as e:
-                log.error("set %s: the new version cannot be served, version %d keeps serving: %s",
-                          slot.name or "/", current.number, e)
+            except SetUnavailable:  # why: logged by _index
+                log.error("set %s: the new version cannot be served, version %d keeps serving",
+                          slot.name or "/", current.number)
                 return False
             if slot.removed or slot.current is not current:  # closed or removed meanwhile
                 await self._discard(opened)
@@ -550,6 +559,10 @@ def set_config(cfg: Any, entry: Any) -> Any:
                                                              or out.serving):
         # A shared mount's local targets: beneath the catalogue's directory (its default).
         out.allow_local = cfg.local_roots()
+    if getattr(cfg, "catalog", False) and is_local(source) and out.local_roots() != ["/"]:
+        # A shared catalogue's set files are confined as its targets are: a set file (or a
+        # Parquet set's .zmetadata) is opened beneath those directories, no symlink followed.
+        out.source_roots = out.local_roots()
     options = []
     for name, value in dict(entry.options).items():
         option = OPTIONS_BY_NAME.get(name)

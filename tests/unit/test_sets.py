@@ -13,8 +13,8 @@ import trio
 import trio.testing
 
 from refmount.inodes import ROOT, InodeTable, VersionInodes
-from refmount.reload import Reloader
-from refmount.sets import Opened, SetEvents, Sets, SetSlot, SetUnavailable
+from refmount.reload import CATALOG_UNREADABLE, Reloader
+from refmount.sets import OPEN_FAILED, Opened, SetEvents, Sets, SetSlot, SetUnavailable
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ def test_a_changed_set_is_swapped_in_and_open_files_keep_the_old_version() -> No
     run(world, ["a"], body)
 
 
-def test_a_new_version_that_fails_keeps_the_last_good_one_with_the_error() -> None:
+def test_a_new_version_that_fails_keeps_the_last_good_one_with_the_error(caplog) -> None:
     world = World(["a"])
 
     async def body(sets: Sets, events: Events) -> None:
@@ -184,8 +184,9 @@ def test_a_new_version_that_fails_keeps_the_last_good_one_with_the_error() -> No
         world.broken.add(("a", "v2"))
         assert await sets.check() == 0
         s = slot(sets, "a")
-        assert s.current is good and "bad JSON" in (s.error or "")
-        assert "bad JSON" in sets.describe()["set_states"]["a"]["error"]
+        assert s.current is good and s.error == OPEN_FAILED  # a fixed text: why is in the log
+        assert sets.describe()["set_states"]["a"]["error"] == OPEN_FAILED
+        assert "set a: cannot be opened: /data/a.json: not a reference set (bad JSON" in caplog.text
         tries = len(world.opened)
         assert await sets.check() == 0 and len(world.opened) == tries  # not indexed again
         world.identity["a"] = "v3"
@@ -194,15 +195,17 @@ def test_a_new_version_that_fails_keeps_the_last_good_one_with_the_error() -> No
     run(world, ["a"], body)
 
 
-def test_a_set_that_cannot_be_opened_says_why_without_indexing_again() -> None:
+def test_a_set_that_cannot_be_opened_says_why_without_indexing_again(caplog) -> None:
     world = World(["a"])
     world.broken.add(("a", "v1"))
 
     async def body(sets: Sets, events: Events) -> None:
         for _ in range(3):
-            with pytest.raises(SetUnavailable, match="bad JSON"):
+            with pytest.raises(SetUnavailable) as refused:
                 await sets.get(slot(sets, "a").vid)
+            assert str(refused.value) == OPEN_FAILED
         assert world.opened == [("a", "v1")]
+        assert caplog.text.count("bad JSON") == 1  # logged once
         world.identity["a"] = "v2"  # fixed
         assert await sets.get(slot(sets, "a").vid) is not None
 
@@ -237,7 +240,7 @@ def test_catalogue_updates_add_remove_and_reindex_changed_entries() -> None:
     run(world, ["a", "b", "c"], body)
 
 
-def test_reloader_checks_when_poked_and_keeps_the_sets_when_the_catalogue_fails() -> None:
+def test_reloader_checks_when_poked_and_keeps_the_sets_when_the_catalogue_fails(caplog) -> None:
     world = World(["a"])
     catalogue: dict[str, Any] = {"entries": entries("a"), "fail": False}
 
@@ -260,7 +263,8 @@ def test_reloader_checks_when_poked_and_keeps_the_sets_when_the_catalogue_fails(
             done = reloader.done
             reloader.poke()
             await done.wait()
-            assert sets.names() == ["a"] and "not JSON" in reloader.describe()["catalog_error"]
+            assert sets.names() == ["a"] and reloader.describe()["catalog_error"] == CATALOG_UNREADABLE
+            assert caplog.text.count("catalogue.json: not JSON") == 1
             catalogue["fail"] = False
             world.identity["b"] = "v1"
             catalogue["entries"] = entries("a", "b")
