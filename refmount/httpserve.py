@@ -186,7 +186,7 @@ class HttpFrontEnd:
         self._zmetadata_lock = trio.Lock()  # made once, whatever the requests asking at once
         # every file's time stamp
         self._mtime = core.mtime_ns / 1e9 if core is not None else time.time()
-        self._listing_threads = trio.CapacityLimiter(4)  # listings rendered at once
+        self._listing_threads = trio.CapacityLimiter(4)  # pieces of listings made at once
         self._last_modified = last_modified(self._mtime)
         self._server = web_server.Server(
             self.handle, handler_cancellation=True, access_log=None,
@@ -626,10 +626,12 @@ class HttpFrontEnd:
 
     async def _render_listing(self, found: _Found, path: str, as_json: bool,
                               loop: asyncio.AbstractEventLoop, response: web.StreamResponse) -> None:
-        """Render a listing in a worker thread (``listing.iter_*_index`` are generators
-        over an iterable of entries), which takes the entries from trio in batches and
-        hands each piece of the page to the response on the asyncio loop, waiting for the
-        client to take it (``client_timeout``)."""
+        """Render a listing piece by piece (``listing.iter_*_index`` are generators over an
+        iterable of entries): each piece is made in a worker thread, which takes the entries
+        from trio in batches, then handed to the response on the asyncio loop, waiting for
+        the client to take it (``client_timeout``). The worker threads of listings are
+        bounded (``_listing_threads``) and held only while a piece is made, never while a
+        client is waited for: a client that does not read holds its own connection only."""
         entries = self._entries(found)
         timeout = self.client_timeout
 
@@ -640,26 +642,24 @@ class HttpFrontEnd:
                     batch.append(await entries.__anext__())
             return batch
 
-        async def write(piece: bytes) -> None:
-            async def send() -> None:
-                async with asyncio.timeout(timeout):
-                    await response.write(piece)
+        async def send(piece: bytes) -> None:
+            async with asyncio.timeout(timeout):
+                await response.write(piece)
 
-            await await_task(loop, send())
-            self.stats.http_bytes_sent += len(piece)
+        def pulled() -> Iterator[tuple[str, bool, int | None]]:
+            while batch := trio.from_thread.run(next_batch):
+                yield from batch
 
-        def render() -> None:
-            def pulled() -> Iterator[tuple[str, bool, int | None]]:
-                while batch := trio.from_thread.run(next_batch):
-                    yield from batch
-
-            pieces = (listing.iter_json_index(path, pulled()) if as_json
-                      else listing.iter_html_index(path, pulled(), mtime=self._mtime))
-            for piece in pieces:
-                trio.from_thread.run(write, piece)
-
+        pieces = (listing.iter_json_index(path, pulled()) if as_json
+                  else listing.iter_html_index(path, pulled(), mtime=self._mtime))
         async with aclosing(entries):
-            await trio.to_thread.run_sync(render, limiter=self._listing_threads)
+            try:
+                while (piece := await trio.to_thread.run_sync(
+                        next, pieces, None, limiter=self._listing_threads)) is not None:
+                    await await_task(loop, send(piece))
+                    self.stats.http_bytes_sent += len(piece)
+            finally:
+                pieces.close()
 
     async def _synthesized_zmetadata(self) -> bytes | None:
         """The consolidated metadata of a set that has none, made once (in a worker thread,

@@ -42,3 +42,37 @@ def test_zmetadata_of_huge_or_many_metadata_keys_is_refused_in_bounded_memory(se
         log = s.log_text()
         assert log.count("no consolidated metadata (.zmetadata) is served") == 1, log
         assert s.stats()["http_status"]["503"] == 3
+
+
+def test_clients_that_never_read_a_listing_hold_no_one_elses(serve, tmp_path):
+    """Eight clients ask for a listing of 100,000 keys (about 6 MB) and never read it: a listing
+    of the root and a key are still answered at once, long before ``client_timeout``; each
+    of the eight is then disconnected after it, the server's memory bounded meanwhile."""
+    import socket
+
+    from support.datasets import write_json
+
+    refs = {f"d/k{i:06d}": "x" for i in range(100_000)}
+    refs[".zgroup"] = '{"zarr_format":2}'
+    s = serve(write_json(tmp_path / "refs.json", refs), "client_timeout=40")
+    assert s.request("GET", "/").status == 200
+    before = s.rss()
+    stuck = []
+    try:
+        for _ in range(8):
+            c = socket.socket()
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            c.connect((s.host, s.port))
+            c.sendall(b"GET /d/ HTTP/1.1\r\nHost: x\r\n\r\n")
+            stuck.append(c)
+        time.sleep(3)  # each has filled its socket buffers and waits for its client
+        for _ in range(3):
+            t0 = time.monotonic()
+            r = s.request("GET", "/?format=json", timeout=60)
+            assert r.status == 200 and b'"d"' in r.body
+            assert s.request("GET", "/.zgroup", timeout=60).status == 200
+            assert time.monotonic() - t0 < 10, time.monotonic() - t0
+        assert s.rss() - before < 128 << 20
+    finally:
+        for c in stuck:
+            c.close()
