@@ -26,7 +26,7 @@ import os
 import stat
 from typing import Any
 
-from .pins import Version, VersionChanged
+from .versions import Version, VersionChanged
 
 _SYS_OPENAT2 = 437  # the same number on every architecture that has it
 _RESOLVE_NO_MAGICLINKS = 0x02
