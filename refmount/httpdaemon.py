@@ -31,7 +31,7 @@ from .fetch import await_task
 from .httpserve import HttpFrontEnd
 from .httpsets import SetsRouter
 from .readiness import run_detached, sd_notify
-from .redact import redact_url
+from .redact import redact_in_logs, redact_url
 from .refs import IndexFile
 from .setmount import SetMount, build_sets, serves_sets
 from .triocall import TrioCaller
@@ -80,6 +80,8 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[str], Non
         token = read_token(cfg.auth_token) if cfg.auth_token else None
     except ConfigError as e:
         raise MountError(str(e)) from None
+    if token:
+        redact_in_logs(token)  # a malformed request quoting it: aiohttp logs it as it came
     sock = bind(cfg.listen)
     try:
         core: SetCore | SetMount = (build_sets(cfg, index_file) if serves_sets(cfg)

@@ -76,3 +76,36 @@ def test_clients_that_never_read_a_listing_hold_no_one_elses(serve, tmp_path):
     finally:
         for c in stuck:
             c.close()
+
+
+MALFORMED_WITH_TOKEN = [
+    b"GET / HTTP/1.1\r\nAuthorization: Bearer {t}\x01\r\n\r\n",
+    b"GET / HTTP/1.1\r\nAuthorization: Bearer {t}\r\nBad\x00Name: x\r\n\r\n",
+    b"GET /Bearer%20{t} HTTP/9.9\r\n\r\n",
+    b"GET / HTTP/1.1\r\nAuthorization: Bearer {t}\r\nContent-Length: -1\r\n\r\n",
+    b"GET / HTTP/1.1\r\nAuthorization: Bearer {t}\r\nTransfer-Encoding: chunked\r\n"
+    b"Content-Length: 3\r\n\r\n",
+    b"GET / HTTP/1.1\r\nAuthorization: Bearer {t}\r\nX: " + b"y" * 9000 + b"\r\n\r\n",
+    b"G\x00T /?token {t} HTTP/1.1\r\n\r\n",
+]
+
+
+def test_malformed_requests_carrying_the_token_never_log_it(serve, tmp_path):
+    """Requests aiohttp refuses as bad, each carrying the server's own bearer token: a 4xx,
+    and the token in no line of the log (aiohttp's messages quote the request)."""
+    import socket
+
+    from support.datasets import write_json
+
+    token = "s3cr3tTOKENvalue42"
+    (tmp_path / "token").write_text(token + "\n")
+    src = write_json(tmp_path / "refs.json", {".zgroup": '{"zarr_format":2}'})
+    s = serve(src, f"auth_token=@{tmp_path / 'token'}", "log_level=debug")
+    for raw in MALFORMED_WITH_TOKEN:
+        with socket.create_connection((s.host, s.port), timeout=30) as c:
+            c.sendall(raw.replace(b"{t}", token.encode()))
+            reply = c.recv(4096)
+        assert reply.startswith(b"HTTP/1.") and reply.split()[1][:1] == b"4", (raw[:60], reply[:200])
+    assert s.request("GET", "/.zgroup", {"Authorization": f"Bearer {token}"}).status == 200
+    log = s.log_text()
+    assert token not in log, [ln for ln in log.splitlines() if token in ln]

@@ -143,6 +143,25 @@ def test_a_failing_command_says_its_status_and_the_redacted_end_of_stderr(tmp_pa
     assert detail == "login failed: token=*** refused"
 
 
+@pytest.mark.parametrize("line, shown", [
+    ("curl: (22) 401 for Authorization: Bearer {s}", "curl: (22) 401 for Authorization: ***"),
+    ("sent header 'Authorization: token {s}'", "sent header 'Authorization: ***'"),
+    ("refusing Bearer {s} (expired)", "refusing Bearer *** (expired)"),
+    ("gh: token {s} has no scope", "gh: token *** has no scope"),
+    ("proxy said: Basic {s}", "proxy said: Basic ***"),
+])
+def test_http_credentials_on_stderr_are_redacted(tmp_path: Path, line: str, shown: str) -> None:
+    """The last line of stderr reaches the log: Authorization headers and Bearer, Basic and
+    token credentials in it are redacted like URL credentials."""
+    argv = script(tmp_path, f"""
+        print({line.format(s=SECRET)!r}, file=sys.stderr)
+        sys.exit(1)
+    """)
+    with pytest.raises(Exception) as info:
+        trio.run(run_command, argv)
+    assert info.value.detail == shown  # type: ignore[attr-defined]
+
+
 def test_a_command_is_named_whole_when_short_and_cut_at_100_characters_when_long() -> None:
     assert shown_command(["/usr/bin/cred", "--profile", "a b"]) == "/usr/bin/cred --profile 'a b'"
     long = shown_command(["/opt/" + "x" * 120, "--flag"])
