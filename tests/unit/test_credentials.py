@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -557,3 +559,64 @@ def test_commands_by_absolute_path_or_on_path_are_taken(tmp_path: Path) -> None:
              {"prefix": "s3://b", "credentials": {"process": [sys.executable, "x.py"]}}]
     apply_options(cfg, ["targets=" + json.dumps(rules)])
     assert cfg.targets == rules
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _gone_soon(pid: int, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+SETSID_CHILD = """
+    import subprocess
+    p = subprocess.Popen([sys.executable, "-c",
+                          "import os, time; os.setsid(); time.sleep(60)"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    open({pidfile!r}, "w").write(str(p.pid))
+    time.sleep(0.3)  # its setsid done: in a session of its own
+    print("{{}}", flush=True)
+    time.sleep({sleep})
+"""
+
+
+@pytest.mark.parametrize("how", ["exits", "timeout", "cancelled", "server-killed"])
+def test_a_setsid_child_never_outlives_the_command(tmp_path: Path, how: str) -> None:
+    """A credential command starts a child that leaves its session and process group
+    (``setsid``): the child ends with the command whether it exits, runs past its timeout,
+    is cancelled (the server stopping), or the serving process itself is killed."""
+    pidfile = str(tmp_path / "child.pid")
+    argv = script(tmp_path, SETSID_CHILD.format(pidfile=pidfile, sleep=0 if how == "exits" else 60))
+    if how == "exits":
+        assert trio.run(run_command, argv).strip() == b"{}"
+    elif how == "timeout":
+        with pytest.raises(Exception, match="did not finish within 2 s"):
+            trio.run(lambda: run_command(argv, timeout=2.0))
+    elif how == "cancelled":
+        async def cancelled() -> None:
+            with trio.move_on_after(2):
+                await run_command(argv, timeout=30)
+        trio.run(cancelled)
+    else:  # a serving process running the command, killed outright meanwhile
+        server = subprocess.Popen([sys.executable, "-c", (
+            "import sys, trio; from refmount.credentials import run_command; "
+            f"trio.run(lambda: run_command({argv!r}, timeout=60))")],
+            cwd=Path(__file__).parents[2])
+        deadline = time.monotonic() + 20
+        while not os.path.exists(pidfile) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        server.kill()
+        server.wait()
+    pid = int(Path(pidfile).read_text())
+    assert _gone_soon(pid), f"the setsid child {pid} outlived the command ({how})"
