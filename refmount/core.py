@@ -227,7 +227,7 @@ def disk_cache_key(fetcher: Fetcher) -> Callable[[str], str]:
 
 def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
     """The core of one set from its configuration and prepared index, not yet running."""
-    stats = Stats()
+    stats = Stats(shared=bool(cfg.allow_other or cfg.allow_root or cfg.serving))  # last_error: fixed texts
     pins = Pins.load(cfg.pins, stats) if cfg.pins else None
     rules = TargetRules.from_json(cfg.targets)
     credentials = RuleCredentials(rules.rules, shown=stats.credentials)  # their processes

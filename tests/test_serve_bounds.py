@@ -109,3 +109,29 @@ def test_malformed_requests_carrying_the_token_never_log_it(serve, tmp_path):
     assert s.request("GET", "/.zgroup", {"Authorization": f"Bearer {token}"}).status == 200
     log = s.log_text()
     assert token not in log, [ln for ln in log.splitlines() if token in ln]
+
+
+def test_refusals_show_fixed_texts_in_bodies_and_stats(serve, tmp_path):
+    """A target swapped for a symlink leaving the set's directory after the server started:
+    a 502 with a fixed text, and the stats (what any client of the server reads) say only
+    which kind of failure and which key; the target path, the allowed directory and the
+    refusal's words are in the log only."""
+    from support.datasets import write_json
+
+    setdir = tmp_path / "set-dir-XQ7"
+    setdir.mkdir()
+    (setdir / "data.bin").write_bytes(b"x" * 100)
+    (tmp_path / "outside-Q9.bin").write_bytes(b"y" * 100)
+    src = write_json(setdir / "refs.json", {"k": [str(setdir / "data.bin"), 0, 10]})
+    s = serve(src, "no_disk_cache", "retries=0")
+    (setdir / "data.bin").unlink()
+    (setdir / "data.bin").symlink_to(tmp_path / "outside-Q9.bin")
+    r = s.request("GET", "/k")
+    assert r.status == 502 and r.body == b"a target of this key could not be read\n", r
+    stats = s.stats()
+    assert stats["last_error"]["key"] == "k" and stats["last_error"]["target"] is None
+    assert stats["last_error"]["reason"] == "a target may not be read by this mount (the log says why)"
+    del stats["source"]  # SOURCE is the server's own configuration, shown on purpose
+    shown = json.dumps(stats) + r.body.decode()
+    assert "XQ7" not in shown and "Q9" not in shown and "allowed" not in shown, shown
+    assert "outside" in s.log_text()
