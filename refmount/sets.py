@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 # What a set's error says outside the log (refmount stats, xattrs, HTTP bodies): fixed texts,
 # never the reason, which may quote the file it could not parse or name local paths.
 OPEN_FAILED = "the set cannot be opened (the log says why)"
+TOO_MUCH_OPEN = "too many sets are in use at once (max_open_memory): try again later"
 IDENTIFY_FAILED = "the set's SOURCE cannot be identified (the log says why)"
 
 __all__ = ["Entry", "Opened", "SetEvents", "SetSlot", "SetUnavailable", "SetVersion", "Sets",
@@ -79,6 +80,7 @@ class Opened:
     core: Any
     identity: str
     key: str
+    size: int = 0  # bytes it holds while open (its index, its memory cache)
 
 
 @dataclass(eq=False)
@@ -91,6 +93,7 @@ class SetVersion:
     core: Any
     identity: str
     key: str
+    size: int = 0  # bytes it holds while open (Opened.size)
     opened: float = field(default_factory=time.time)
     front: Any = None
     handles: int = 0  # open files
@@ -171,10 +174,11 @@ class Sets:
 
     def __init__(self, entries: Mapping[str, Any], *, open_set: OpenSet, identify: Identify,
                  max_open: int, events: SetEvents | None = None, max_indexing: int = 2,
-                 max_identify: int = 8) -> None:
+                 max_identify: int = 8, max_bytes: int = 0) -> None:
         self._open_set = open_set
         self._identify = identify
         self.max_open = max(1, max_open)
+        self.max_bytes = max_bytes  # of the versions not yet closed, in use or not (0: no bound)
         self.events = events or SetEvents()
         self._vids = itertools.count(1)
         self.slots: dict[str, SetSlot] = {}
@@ -266,6 +270,12 @@ class Sets:
                 if identity == slot.failed_identity:
                     raise SetUnavailable(slot.error)
             opened = await self._index(slot, slot.entry)
+            if not await self._room_for(opened.size, keep=slot):
+                await self._discard(opened)
+                log.error("set %s: not opened: %s MiB of open sets, in use, and its %s MiB would pass "
+                          "max_open_memory=%s MiB (it opens once others close)", slot.name or "/",
+                          self.held_bytes >> 20, opened.size >> 20, self.max_bytes >> 20)
+                raise SetUnavailable(TOO_MUCH_OPEN)
             version = await self._install(slot, opened)
         finally:
             del self._opening[slot.name]
@@ -339,7 +349,8 @@ class Sets:
         else:
             vid = next(self._vids)
             slot.versions += 1
-        version = SetVersion(vid, slot.versions, slot.name, opened.core, opened.identity, opened.key)
+        version = SetVersion(vid, slot.versions, slot.name, opened.core, opened.identity, opened.key,
+                             opened.size)
         await self._start(version)
         self._versions[vid] = version
         self.events.made(version)
@@ -397,6 +408,39 @@ class Sets:
     def _close(self, version: SetVersion) -> None:
         version.retired = True
         version.closing.set()
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes the versions not yet closed hold (current ones, and replaced ones still read)."""
+        return sum(v.size for v in self._versions.values())
+
+    async def _room_for(self, size: int, keep: SetSlot) -> bool:
+        """Close idle sets, least recently used first, until ``size`` more bytes fit within
+        ``max_bytes``; False if they do not (the sets in use hold too much)."""
+        if not self.max_bytes:
+            return True
+        in_use = sum(v.size for v in self._versions.values()
+                     if not (v.idle and (s := self.slots.get(v.name)) is not None and s.current is v
+                             and s is not keep and v.name not in self._opening))
+        if in_use + size > self.max_bytes and self._versions:
+            return False  # closing the idle ones would not make room: none is closed
+        while self.held_bytes + size > self.max_bytes:
+            idle = [s for s in self._open
+                    if s.current is not None and s.current.idle and s.name not in self._opening
+                    and s is not keep]
+            if not idle:
+                return not self._versions  # one set alone is never refused
+            slot = min(idle, key=lambda s: s.last_used)
+            version = slot.current
+            assert version is not None
+            slot.current = None
+            self._open.discard(slot)
+            log.info("set %s: closed (least recently used, for max_open_memory=%d MiB)",
+                     slot.name or "/", self.max_bytes >> 20)
+            self._close(version)
+            with trio.CancelScope(shield=True):
+                await version.closed.wait()
+        return True
 
     async def _bound(self, keep: SetSlot | None = None) -> None:
         """Close the least recently used idle slots beyond ``max_open`` (never ``keep``,
@@ -583,10 +627,11 @@ def index_and_build(cfg: Any, entry: Any, identify: Identify, indexer: IndexerPr
     identity = identify(entry)
     index_file = indexer.index(set_cfg)
     try:
+        size = os.path.getsize(index_file.path) + set_cfg.memory_cache_size
         core = build_core(set_cfg, index_file)
     finally:
         if index_file.temporary:  # mapped: the file can go
             with contextlib.suppress(OSError):
                 os.unlink(index_file.path)
     key = "" if index_file.temporary else f"{index_file.kind}:{index_file.path}:{identity}"
-    return Opened(core, identity, key or f"temporary:{id(core)}")
+    return Opened(core, identity, key or f"temporary:{id(core)}", size)

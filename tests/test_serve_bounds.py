@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import time
 
 import pytest
@@ -135,3 +136,43 @@ def test_refusals_show_fixed_texts_in_bodies_and_stats(serve, tmp_path):
     shown = json.dumps(stats) + r.body.decode()
     assert "XQ7" not in shown and "Q9" not in shown and "allowed" not in shown, shown
     assert "outside" in s.log_text()
+
+
+def test_sets_held_by_clients_count_against_max_open_memory(serve, tmp_path):
+    """A catalogue of sets of one 4 MB key each (about 13 MiB open, with its memory cache):
+    clients that ask for the key of two sets and never read hold them; a third set would pass
+    max_open_memory=32M and is refused with a 503 of fixed text; once the holders go, it opens."""
+    import base64
+    import socket
+
+    from support.datasets import write_json
+
+    cat = tmp_path / "cat"
+    cat.mkdir()
+    payload = os.urandom(4 << 20)
+    for name in "abc":
+        write_json(cat / f"{name}.json", {"k": "base64:" + base64.b64encode(payload).decode()})
+    s = serve(cat, "catalog", "max_open_memory=32M", "client_timeout=60", "no_disk_cache")
+    holders = []
+    try:
+        for name in "ab":
+            c = socket.socket()
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            c.connect((s.host, s.port))
+            c.sendall(f"GET /{name}/k HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            holders.append(c)
+        deadline = time.monotonic() + 60  # each indexed, then its answer stuck
+        while s.stats()["sets_open"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)
+        assert s.stats()["sets_open"] == 2, (s.stats(), s.log_text())
+        r = s.request("GET", "/c/k")
+        assert r.status == 503 and b"max_open_memory" in r.body, r
+        assert "would pass max_open_memory=32 MiB" in s.log_text()
+    finally:
+        for c in holders:
+            c.close()
+    deadline = time.monotonic() + 30
+    while (r := s.request("GET", "/c/k")).status != 200 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert r.status == 200 and r.body == payload

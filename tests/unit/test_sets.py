@@ -53,6 +53,7 @@ class World:
         self.broken: set[tuple[str, str]] = set()
         self.opened: list[tuple[str, str]] = []
         self.cores: list[FakeCore] = []
+        self.size: dict[str, int] = {}  # bytes a set holds open (Opened.size)
 
     def identify(self, entry: Entry) -> str:
         return self.identity[entry.name]
@@ -64,7 +65,7 @@ class World:
             raise ValueError(f"{entry.source}: not a reference set (bad JSON at char 3)")
         core = FakeCore(name, identity)
         self.cores.append(core)
-        return Opened(core, identity, f"{name}:{identity}")
+        return Opened(core, identity, f"{name}:{identity}", self.size.get(name, 0))
 
 
 class Events(SetEvents):
@@ -88,11 +89,11 @@ def entries(*names: str) -> dict[str, Entry]:
 
 
 def run(world: World, names: list[str], body: Callable[[Sets, Events], Awaitable[None]],
-        max_open: int = 8) -> None:
+        max_open: int = 8, max_bytes: int = 0) -> None:
     async def main() -> None:
         events = Events()
         sets = Sets(entries(*names), open_set=world.open_set, identify=world.identify,
-                    max_open=max_open, events=events)
+                    max_open=max_open, events=events, max_bytes=max_bytes)
         async with trio.open_nursery() as nursery:
             sets.attach(nursery, None)
             await body(sets, events)
@@ -343,3 +344,30 @@ def test_indexer_processes_stay_for_the_next_set_and_say_why_one_failed(tmp_path
     finally:
         processes.close()
     assert indexers() == []
+
+
+def test_sets_in_use_count_against_the_memory_bound() -> None:
+    """max_open_memory counts every open set, those in use included: just under it a set
+    opens (idle ones closed first, least recently used); a set that would pass it while the
+    others are in use is refused (a fixed text) and opens once one of them is idle."""
+    from refmount.sets import TOO_MUCH_OPEN
+
+    world = World(["a", "b", "c", "d"])
+    world.size = {"a": 40, "b": 40, "c": 20, "d": 30}
+
+    async def body(sets: Sets, events: Events) -> None:
+        a = await sets.open(slot(sets, "a"))
+        sets.hold(a)
+        b = await sets.open(slot(sets, "b"))
+        sets.hold(b)
+        c = await sets.open(slot(sets, "c"))  # 100 of 100: just fits
+        assert sets.held_bytes == 100 and c.core.started
+        with pytest.raises(SetUnavailable) as refused:  # d: 80 in use + 30 > 100 (c left open)
+            await sets.open(slot(sets, "d"))
+        assert str(refused.value) == TOO_MUCH_OPEN and slot(sets, "c").current is c
+        assert sets.held_bytes == 100 and slot(sets, "d").current is None
+        sets.drop(a)  # idle now: closed for d
+        d = await sets.open(slot(sets, "d"))  # a (least recently used) closed; c still fits
+        assert d.core.started and slot(sets, "a").current is None and sets.held_bytes == 90
+
+    run(world, ["a", "b", "c", "d"], body, max_bytes=100)
