@@ -423,7 +423,9 @@ class HttpFrontEnd:
         headers["Cache-Control"] = self.cache_control
         headers["Content-Type"] = "application/json" if as_json else "text/html; charset=utf-8"
         response = web.StreamResponse(status=200, headers=headers)
-        response.enable_chunked_encoding()
+        if request.version >= (1, 1):
+            response.enable_chunked_encoding()
+        # HTTP/1.0 has no chunked encoding: the page ends when the connection closes
         if not await self._prepare(request, response):
             return response
         if request.method != "HEAD":

@@ -176,3 +176,24 @@ def test_sets_held_by_clients_count_against_max_open_memory(serve, tmp_path):
     while (r := s.request("GET", "/c/k")).status != 200 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert r.status == 200 and r.body == payload
+
+
+def test_an_http_1_0_listing_ends_with_the_connection(serve, tmp_path):
+    """HTTP/1.0 has no chunked encoding: a listing (GET and HEAD) is answered, its page ending
+    when the server closes the connection (found by the fuzz run: it was a 500)."""
+    import socket
+
+    from support.datasets import write_json
+
+    s = serve(write_json(tmp_path / "refs.json", {"d/x": "1", "d/y": "2"}))
+    for method in ("GET", "HEAD"):
+        with socket.create_connection((s.host, s.port), timeout=30) as c:
+            c.sendall(f"{method} /d/?format=json HTTP/1.0\r\n\r\n".encode())
+            got = b""
+            while piece := c.recv(65536):
+                got += piece
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.split(b" ")[1] == b"200", got[:300]
+        assert b"chunked" not in head.lower()
+        if method == "GET":
+            assert [e["name"] for e in json.loads(body)["entries"]] == ["x", "y"], body
