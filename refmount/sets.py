@@ -425,19 +425,9 @@ class Sets:
         if in_use + size > self.max_bytes and self._versions:
             return False  # closing the idle ones would not make room: none is closed
         while self.held_bytes + size > self.max_bytes:
-            idle = [s for s in self._open
-                    if s.current is not None and s.current.idle and s.name not in self._opening
-                    and s is not keep]
-            if not idle:
+            version = self._close_least_recent(keep, f"for max_open_memory={self.max_bytes >> 20} MiB")
+            if version is None:
                 return not self._versions  # one set alone is never refused
-            slot = min(idle, key=lambda s: s.last_used)
-            version = slot.current
-            assert version is not None
-            slot.current = None
-            self._open.discard(slot)
-            log.info("set %s: closed (least recently used, for max_open_memory=%d MiB)",
-                     slot.name or "/", self.max_bytes >> 20)
-            self._close(version)
             with trio.CancelScope(shield=True):
                 await version.closed.wait()
         return True
@@ -446,19 +436,26 @@ class Sets:
         """Close the least recently used idle slots beyond ``max_open`` (never ``keep``,
         the slot just opened for a request)."""
         while self.opened > self.max_open:
-            idle = [s for s in self._open
-                    if s.current is not None and s.current.idle and s.name not in self._opening
-                    and s is not keep]
-            if not idle:
+            why = f"of {self.opened} open, max_open_sets={self.max_open}"
+            if self._close_least_recent(keep, why) is None:
                 return  # every open set is in use: closed once one is idle
-            slot = min(idle, key=lambda s: s.last_used)
-            version = slot.current
-            assert version is not None
-            slot.current = None
-            self._open.discard(slot)
-            log.info("set %s: closed (least recently used of %d open, max_open_sets=%d)",
-                     slot.name or "/", self.opened + 1, self.max_open)
-            self._close(version)
+
+    def _close_least_recent(self, keep: SetSlot | None, why: str) -> SetVersion | None:
+        """Close the current version of the least recently used idle slot (never ``keep``);
+        None when every open set is in use."""
+        idle = [s for s in self._open
+                if s.current is not None and s.current.idle and s.name not in self._opening
+                and s is not keep]
+        if not idle:
+            return None
+        slot = min(idle, key=lambda s: s.last_used)
+        version = slot.current
+        assert version is not None
+        slot.current = None
+        self._open.discard(slot)
+        log.info("set %s: closed (least recently used %s)", slot.name or "/", why)
+        self._close(version)
+        return version
 
     # ---- reloading -------------------------------------------------------------------------
     async def check(self) -> int:
