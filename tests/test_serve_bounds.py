@@ -110,6 +110,8 @@ def test_malformed_requests_carrying_the_token_never_log_it(serve, tmp_path):
     assert s.request("GET", "/.zgroup", {"Authorization": f"Bearer {token}"}).status == 200
     log = s.log_text()
     assert token not in log, [ln for ln in log.splitlines() if token in ln]
+    # one line per 10 s for them all, no traceback (a client cannot fill the log)
+    assert "Traceback" not in log and "refused 1 malformed HTTP request (400)" in log, log
 
 
 def test_refusals_show_fixed_texts_in_bodies_and_stats(serve, tmp_path):
