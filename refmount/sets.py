@@ -624,7 +624,8 @@ def index_and_build(cfg: Any, entry: Any, identify: Identify, indexer: IndexerPr
     identity = identify(entry)
     index_file = indexer.index(set_cfg)
     try:
-        size = os.path.getsize(index_file.path) + set_cfg.memory_cache_size
+        # a Parquet set has no index file: its records, loaded on demand, are bounded apart
+        size = (os.path.getsize(index_file.path) if index_file.path else 0) + set_cfg.memory_cache_size
         core = build_core(set_cfg, index_file)
     finally:
         if index_file.temporary:  # mapped: the file can go
