@@ -25,6 +25,9 @@ echo "test: lint-imports (the layers contract in pyproject.toml)"
 echo "test: lint-imports (the layers contract in pyproject.toml)"
 .venv/bin/lint-imports --no-cache
 
+echo "test: lint-imports (the layers contract in pyproject.toml)"
+.venv/bin/lint-imports --no-cache
+
 if [ $# -gt 0 ]; then
     echo "test: pytest tests -q $*"
     exec .venv/bin/python -m pytest tests -q "$@"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,13 +41,22 @@ class Stats:
     # per target rule number with a credential process: its command, generation, expiry,
     # refreshes and failures (targets/credentials.py; never the credential)
     credentials: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # a shared mount's or a server's: last_error holds a fixed text (not in as_dict)
+    shared: bool = False
 
     def failed(self, key: str, error: Exception) -> None:
-        """Count a read answered with an error and remember it as the last one."""
+        """Count a read answered with an error and remember it as the last one. Of a shared
+        mount or a server (``shared``), only a fixed text of its kind: the reason (a target
+        path, the allowed directories, a parse excerpt) is in the log, never in the stats
+        other users or HTTP clients read."""
         self.errors += 1
         url = getattr(error, "url", None)
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        if self.shared:
+            self.last_error = {"time": when, "key": key, "target": None, "reason": failure_kind(error)}
+            return
         self.last_error = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "time": when,
             "key": key,
             "target": redact_url(url) if isinstance(url, str) else None,
             "reason": redact_url(str(getattr(error, "reason", None) or error)),
@@ -54,5 +64,20 @@ class Stats:
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        del d["shared"]
         d["uptime"] = round(time.time() - self.started, 3)
         return d
+
+
+def failure_kind(error: Exception) -> str:
+    """A fixed text for the kind of a failed read (what a shared mount's stats show)."""
+    errno_ = getattr(error, "errno", None)
+    if getattr(error, "timed_out", False):
+        return "a target timed out (the log says more)"
+    if type(error).__name__ == "PinMismatch":
+        return "a target is not its pinned version (the log says more)"
+    if errno_ in (errno.EACCES, errno.EPERM):
+        return "a target may not be read by this mount (the log says why)"
+    if errno_ == errno.ENOENT:
+        return "a target does not exist (the log says more)"
+    return "a target could not be read (the log says why)"

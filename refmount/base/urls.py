@@ -14,11 +14,15 @@ target policy's business (``TargetPolicy.full_url``), not this module's.
 from __future__ import annotations
 
 import re
+import urllib.parse
 
 from fsspec.registry import available_protocols
 
 LOCAL_PROTOCOLS = frozenset({"file", "local"})
 _WORD = re.compile("[a-z]+")
+_ESCAPE = re.compile("%([0-9A-Fa-f]{2})")
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+DEFAULT_PORTS = {"http": "80", "https": "443", "ws": "80", "wss": "443", "ftp": "21"}
 
 
 def is_chained(url: str) -> bool:
@@ -55,3 +59,42 @@ def local_path(url: str) -> str:
         raise ValueError("not a local URL")  # (it may carry credentials: not repeated)
     _, sep, rest = url.partition("://")
     return rest if sep else url
+
+
+def _unescape_unreserved(m: re.Match[str]) -> str:
+    byte = int(m.group(1), 16)
+    return chr(byte) if byte in _UNRESERVED else "%" + m.group(1).upper()
+
+
+def normal_url(url: str) -> str:
+    """``url`` as a client sends it (RFC 3986's normalisations, as yarl makes them for
+    aiohttp): the scheme and host in lower case, a default port dropped, percent-escapes of
+    unreserved characters decoded (``%2e`` is ``.``) and the others in upper case. Dot
+    segments are kept (a client removes them: ``climbs`` tells whether that leaves a path).
+    A local or chained URL is returned as it is."""
+    if is_local(url) or is_chained(url):
+        return url
+    scheme, _, rest = url.partition("://")
+    scheme = scheme.lower()
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    userinfo, at, hostport = authority.rpartition("@")
+    host, port = hostport, ""
+    if hostport.startswith("["):  # an IPv6 address: [::1]:80
+        close = hostport.find("]")
+        if close >= 0 and hostport[close + 1: close + 2] == ":":
+            host, port = hostport[: close + 1], hostport[close + 2:]
+    elif ":" in hostport:
+        host, _, port = hostport.rpartition(":")
+    if port and port == DEFAULT_PORTS.get(scheme):
+        port = ""
+    return (scheme + "://" + userinfo + at + host.lower() + (":" + port if port else "")
+            + _ESCAPE.sub(_unescape_unreserved, tail))
+
+
+def climbs(path: str) -> bool:
+    """Whether ``path`` (what follows a prefix) has a ``..`` segment, however escaped: fully
+    percent-decoded, split at ``/`` and at ``\\`` (what a server may decode, or take as a
+    separator, before it removes dot segments)."""
+    text = urllib.parse.unquote(path.split("?", 1)[0].split("#", 1)[0], errors="replace")
+    return ".." in re.split(r"[/\\]", text)

@@ -165,6 +165,10 @@ OPTIONS: tuple[Option, ...] = (
            "Collection/ItemCollection; each set is a directory of the mount"),
     Option("max_open_sets", Int(1, 100_000), 64,
            "with catalog: most sets open at once (the least recently used is closed)"),
+    Option("max_open_memory", Size(), 1 << 30,
+           "with catalog: most bytes the open sets may hold at once, those in use included (each "
+           "its index and its memory cache); a set that would pass it is not opened (EIO, HTTP "
+           "503) until others close"),
     Option("max_sets", Int(1, 10_000_000), 100_000,
            "with catalog: most sets a catalogue may name"),
     Option("reload", Seconds(zero=True), 0.0,
@@ -200,6 +204,9 @@ class _MountBase:
     mountpoint: str = ""
     foreground: bool = False
     serving: bool = False  # refmount serve: a shared service, confined as allow_other
+    # a catalogue's set in a shared mount: its local SOURCE files are opened beneath these
+    # directories (the catalogue's, or allow_local), no symlink followed
+    source_roots: list[str] | None = None
 
     def local_roots(self) -> list[str]:
         """Directories local targets may lie under (``allow_local``, or its default)."""

@@ -14,21 +14,34 @@ one of them. zarr-python 3, writing a v2 store, re-serializes its own model inst
 ``consolidated_metadata`` member to the ``.zgroup`` of every nested group, which the store's
 ``.zgroup`` does not hold. That member is not written here.
 
-Bounded: a key whose value is not inline (``None``: a reference to a target, which would have to
-be fetched), is not a JSON object, or does not parse, is skipped, and so are keys past
-``max_bytes`` of input in all; ``consolidation`` says which were skipped and why.
+A key whose value is not inline (``None``: a reference to a target, which would have to be
+fetched), is not a JSON object, or does not parse, is skipped; ``consolidation`` says which
+and why. The document is built key by key, in sorted order (one key parsed at a time, its
+text appended), within the bounds a Parquet set's own ``.zmetadata`` is read under
+(refs/zmetadata.py): at most ``max_bytes`` of metadata read and of document written, and at
+most ``max_values`` JSON values (each key counting one, and every ``{``, ``[`` and ``,`` of its
+text one more: an upper bound on the Python objects a parse makes). A set past a bound has no
+consolidated metadata: ``ConsolidationRefused`` says which bound, found as soon as it is
+passed (the keys after it are neither read nor parsed).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["METADATA_NAMES", "Consolidation", "consolidate", "consolidation", "is_metadata_key"]
+__all__ = ["MAX_BYTES", "MAX_VALUES", "METADATA_NAMES", "Consolidation", "ConsolidationRefused",
+           "consolidate", "consolidation", "is_metadata_key"]
 
 METADATA_NAMES = (".zgroup", ".zarray", ".zattrs")
-MAX_BYTES = 256 << 20  # input JSON consolidated at most (a set's metadata is far smaller)
+MAX_BYTES = 64 << 20  # metadata read, and document written, at most (max_inline's default)
+MAX_VALUES = 1 << 20  # JSON values at most (as in a Parquet set's .zmetadata)
+_INDENT = "\n" + " " * 8  # a key's document inside {"metadata": {...}}
+
+
+class ConsolidationRefused(Exception):
+    """The set's metadata is past a bound of consolidated metadata (the message says which)."""
 
 
 def is_metadata_key(key: str) -> bool:
@@ -44,22 +57,36 @@ class Consolidation:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def consolidation(metadata: Mapping[str, bytes | None], *, max_bytes: int = MAX_BYTES) -> Consolidation:
-    """Consolidate ``metadata`` (key -> inline bytes, or ``None`` when not inline)."""
-    out: dict[str, object] = {}
+def _values(data: bytes) -> int:
+    """An upper bound on the JSON values in ``data``: one, plus one per container opened or
+    comma (those inside strings counted too)."""
+    return 1 + data.count(b"{") + data.count(b"[") + data.count(b",")
+
+
+def consolidation(metadata: Mapping[str, bytes | None] | Iterable[tuple[str, bytes | None]], *,
+                  max_bytes: int = MAX_BYTES, max_values: int = MAX_VALUES) -> Consolidation:
+    """Consolidate ``metadata`` (key -> inline bytes, or ``None`` when not inline; a mapping or
+    pairs in sorted key order); ``ConsolidationRefused`` past a bound."""
+    pairs = sorted(metadata.items()) if isinstance(metadata, Mapping) else metadata
+    pieces: list[str] = ['{\n    "metadata": {']
+    written = len(pieces[0])
+    read = 0
+    values = 0
     skipped: dict[str, str] = {}
-    budget = max_bytes
-    for key in sorted(metadata):
+    first = True
+    for key, data in pairs:
         if not is_metadata_key(key):
             continue
-        data = metadata[key]
         if data is None:
             skipped[key] = "not inline (a reference to a target)"
             continue
-        if len(data) > budget:
-            skipped[key] = f"over the bound of {max_bytes:,} bytes of metadata"
-            continue
-        budget -= len(data)
+        data = bytes(data)
+        read += len(data)
+        if read > max_bytes:
+            raise ConsolidationRefused(f"its metadata keys hold more than {max_bytes:,} bytes")
+        values += _values(data)
+        if values > max_values:
+            raise ConsolidationRefused(f"its metadata keys hold more than {max_values:,} JSON values")
         try:
             value = json.loads(data)
         except (ValueError, RecursionError):
@@ -68,10 +95,19 @@ def consolidation(metadata: Mapping[str, bytes | None], *, max_bytes: int = MAX_
         if not isinstance(value, dict):
             skipped[key] = "not a JSON object"
             continue
-        out[key] = value
-    doc = {"metadata": out, "zarr_consolidated_format": 1}
-    text = json.dumps(doc, indent=4, sort_keys=True, ensure_ascii=True, separators=(",", ": "))
-    return Consolidation(text.encode("ascii"), skipped)
+        text = json.dumps(value, indent=4, sort_keys=True, ensure_ascii=True, separators=(",", ": "))
+        del value
+        # json.dumps escapes newlines inside strings: each "\n" is a line of the document
+        piece = ("" if first else ",") + _INDENT + json.dumps(key, ensure_ascii=True) + ": " + \
+            text.replace("\n", _INDENT)
+        first = False
+        written += len(piece)
+        if written > max_bytes:
+            raise ConsolidationRefused(f"its consolidated metadata is over {max_bytes:,} bytes")
+        pieces.append(piece)
+    pieces.append('}' if first else "\n    }")
+    pieces.append(',\n    "zarr_consolidated_format": 1\n}')
+    return Consolidation("".join(pieces).encode("ascii"), skipped)
 
 
 def consolidate(metadata: Mapping[str, bytes | None]) -> bytes:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import trio
@@ -94,11 +94,20 @@ class SetCore:
 
     def metadata_keys(self, names: tuple[str, ...] = (".zarray", ".zattrs", ".zgroup"),
                       ) -> dict[str, bytes | None]:
-        """Every metadata key of the set (``names``) with its bytes as zarr clients read them
-        (``DecodedView.zarr_metadata`` under ``-o decode``), None for one that is not inline."""
+        """Every metadata key of the set (``names``) with its bytes as served (the decoded
+        ``.zarray`` under ``-o decode``), None for one that is not inline."""
+        return dict(self.metadata_pairs(names))
+
+    def metadata_pairs(self, names: tuple[str, ...] = (".zarray", ".zattrs", ".zgroup"), *,
+                       max_keys: int | None = None, max_bytes: int | None = None,
+                       ) -> Iterator[tuple[str, bytes | None]]:
+        """``metadata_keys`` as pairs in sorted key order, each value read from the index as
+        its pair is taken. ``ConsolidationRefused`` (before any pair) when there are more than
+        ``max_keys`` such keys or their names hold more than ``max_bytes``."""
         import numpy as np
         import pyarrow.compute as pc
 
+        from refmount.core.consolidated import ConsolidationRefused
         from refmount.refs import RefKind
 
         keys = self.metadata.table["key"]
@@ -106,20 +115,29 @@ class SetCore:
         for name in names:
             hit = pc.ends_with(keys, pattern=name)
             hits = hit if hits is None else pc.or_(hits, hit)
-        out: dict[str, bytes | None] = {}
         if hits is None:
-            return out
-        for i in np.flatnonzero(hits.to_numpy(zero_copy_only=False)).tolist():
+            return
+        rows = np.flatnonzero(hits.to_numpy(zero_copy_only=False))
+        if max_keys is not None and len(rows) > max_keys:
+            raise ConsolidationRefused(f"it has more than {max_keys:,} metadata keys")
+        found: list[tuple[str, int]] = []
+        total = 0
+        for i in rows.tolist():
             key = self.metadata.key(i).decode("utf-8", "surrogateescape")
             if key.rpartition("/")[2] not in names:
                 continue
-            served = self.view.zarr_metadata(key) if self.view is not None else None
+            total += len(key)
+            if max_bytes is not None and total > max_bytes:
+                raise ConsolidationRefused(f"its metadata keys' names hold more than {max_bytes:,} bytes")
+            found.append((key, i))
+        found.sort()
+        for key, i in found:
+            served = self.view.metadata(key) if self.view is not None else None
             if served is not None:
-                out[key] = served
+                yield key, served
                 continue
             ref = self.metadata.ref(i)
-            out[key] = ref.data if ref.kind is RefKind.INLINE else None
-        return out
+            yield key, ref.data if ref.kind is RefKind.INLINE else None
 
     # ---- lifecycle -----------------------------------------------------------------------
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -209,7 +227,7 @@ def disk_cache_key(fetcher: Fetcher) -> Callable[[str], str]:
 
 def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
     """The core of one set from its configuration and prepared index, not yet running."""
-    stats = Stats()
+    stats = Stats(shared=bool(cfg.allow_other or cfg.allow_root or cfg.serving))  # last_error: fixed texts
     pins = Pins.load(cfg.pins, stats) if cfg.pins else None
     rules = TargetRules.from_json(cfg.targets)
     credentials = RuleCredentials(rules.rules, shown=stats.credentials)  # their processes

@@ -25,7 +25,7 @@ import trio
 
 from refmount.base import guestloop, process
 from refmount.base.errors import ConfigError, MountError
-from refmount.base.redact import redact_url
+from refmount.base.redact import redact_in_logs, redact_url
 from refmount.base.triocall import TrioCaller
 from refmount.config import MountConfig, describe_options, read_token, split_listen
 from refmount.core.setcore import SetCore, build_core
@@ -80,6 +80,8 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[str], Non
         token = read_token(cfg.auth_token) if cfg.auth_token else None
     except ConfigError as e:
         raise MountError(str(e)) from None
+    if token:
+        redact_in_logs(token)  # a malformed request quoting it: aiohttp logs it as it came
     sock = bind(cfg.listen)
     try:
         core: SetCore | SetMount = (build_sets(cfg, index_file) if serves_sets(cfg)

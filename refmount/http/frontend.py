@@ -43,7 +43,13 @@ from aiohttp.web_request import BaseRequest
 
 from refmount.base.errors import FetchError, ReadError
 from refmount.base.triocall import TrioCaller, TrioGone
-from refmount.core.consolidated import METADATA_NAMES, consolidation
+from refmount.core.consolidated import (
+    MAX_BYTES,
+    MAX_VALUES,
+    METADATA_NAMES,
+    ConsolidationRefused,
+    consolidation,
+)
 from refmount.core.reader import ReadState
 from refmount.core.setcore import SetCore
 from refmount.decode.codecplan import DecodedArray
@@ -71,6 +77,7 @@ WRITE_PIECE = 1 << 18  # bytes handed to the transport at a time (a slow client 
 CONDITION_HEADERS = ("Range", "If-Range", "If-None-Match", "If-Modified-Since")
 STATS_PATH = "/.refmount/stats"  # the server's counters (JSON); never a key of the set
 ALLOWED = "GET, HEAD, OPTIONS"
+UNAVAILABLE = "not served: what it would be made from is past the bounds of the server (see its log)"
 
 
 @dataclass
@@ -116,6 +123,10 @@ class _Plan:
     first: bytes | memoryview | None = None  # the first piece of a GET's body
     error: ReadError | None = None  # the first piece (or the size) could not be had
     state: ReadState = field(default_factory=ReadState)
+
+
+class _Unavailable(Exception):
+    """What the server would synthesize for this path is past its bounds: a 503."""
 
 
 class _BadPath(Exception):
@@ -183,9 +194,11 @@ class HttpFrontEnd:
         # the set's identity in entity tags (with its time stamp: validators.ref_parts)
         self._identity = core.info.get("source", "") if core is not None else ""
         self._zmetadata: bytes | None = None
+        self._zmetadata_refused = False  # past its bounds: never made (kept, not retried)
+        self._zmetadata_lock = trio.Lock()  # made once, whatever the requests asking at once
         # every file's time stamp
         self._mtime = core.mtime_ns / 1e9 if core is not None else time.time()
-        self._listing_threads = trio.CapacityLimiter(4)  # listings rendered at once
+        self._listing_threads = trio.CapacityLimiter(4)  # pieces of listings made at once
         self._last_modified = last_modified(self._mtime)
         self._server = web_server.Server(
             self.handle, handler_cancellation=True, access_log=None,
@@ -255,6 +268,14 @@ class HttpFrontEnd:
         except _BadPath:
             return self._plain(404, headers, "no such key")
         conditions = {name: request.headers.get(name) for name in CONDITION_HEADERS}
+        try:
+            return await self._answer_parts(request, headers, raw, parts, conditions, prefix)
+        except _Unavailable:
+            return self._plain(503, headers, UNAVAILABLE)
+
+    async def _answer_parts(self, request: BaseRequest, headers: dict[str, str], raw: str,
+                            parts: list[bytes], conditions: dict[str, str | None],
+                            prefix: str) -> web.StreamResponse:
         method = request.method
         try:  # answered here when no I/O is needed (a HEAD, a 304, a 404, bytes in memory)
             plan = self._plan_now(parts, method, conditions)
@@ -414,7 +435,9 @@ class HttpFrontEnd:
         headers["Cache-Control"] = self.cache_control
         headers["Content-Type"] = "application/json" if as_json else "text/html; charset=utf-8"
         response = web.StreamResponse(status=200, headers=headers)
-        response.enable_chunked_encoding()
+        if request.version >= (1, 1):
+            response.enable_chunked_encoding()
+        # HTTP/1.0 has no chunked encoding: the page ends when the connection closes
         if not await self._prepare(request, response):
             return response
         if request.method != "HEAD":
@@ -440,6 +463,8 @@ class HttpFrontEnd:
             if node is None:
                 if names == [b".zmetadata"]:
                     data = await self._synthesized_zmetadata()
+                    if data is None:
+                        raise _Unavailable
                     return _Found(".zmetadata", None, False, len(data), data=data)
                 return None
         assert node is not None
@@ -470,6 +495,8 @@ class HttpFrontEnd:
             node = tree.find(node, name)
             if node is None:
                 if names == [b".zmetadata"]:
+                    if self._zmetadata_refused:
+                        raise _Unavailable
                     if self._zmetadata is None:
                         raise _NeedsTrio  # made once, in a worker thread
                     return _Found(".zmetadata", None, False, len(self._zmetadata), data=self._zmetadata)
@@ -604,18 +631,21 @@ class HttpFrontEnd:
             async for name, _ino, is_dir, _next, size in entries:
                 if synthesize and name > b".zmetadata":
                     synthesize = False
-                    yield ".zmetadata", False, len(await self._synthesized_zmetadata())
+                    if (data := await self._synthesized_zmetadata()) is not None:
+                        yield ".zmetadata", False, len(data)
                 yield (name.decode("utf-8", "surrogateescape"), is_dir,
                        None if is_dir or size < 0 else size)
-        if synthesize:
-            yield ".zmetadata", False, len(await self._synthesized_zmetadata())
+        if synthesize and (data := await self._synthesized_zmetadata()) is not None:
+            yield ".zmetadata", False, len(data)
 
     async def _render_listing(self, found: _Found, path: str, as_json: bool,
                               loop: asyncio.AbstractEventLoop, response: web.StreamResponse) -> None:
-        """Render a listing in a worker thread (``listing.iter_*_index`` are generators
-        over an iterable of entries), which takes the entries from trio in batches and
-        hands each piece of the page to the response on the asyncio loop, waiting for the
-        client to take it (``client_timeout``)."""
+        """Render a listing piece by piece (``listing.iter_*_index`` are generators over an
+        iterable of entries): each piece is made in a worker thread, which takes the entries
+        from trio in batches, then handed to the response on the asyncio loop, waiting for
+        the client to take it (``client_timeout``). The worker threads of listings are
+        bounded (``_listing_threads``) and held only while a piece is made, never while a
+        client is waited for: a client that does not read holds its own connection only."""
         entries = self._entries(found)
         timeout = self.client_timeout
 
@@ -626,36 +656,44 @@ class HttpFrontEnd:
                     batch.append(await entries.__anext__())
             return batch
 
-        async def write(piece: bytes) -> None:
-            async def send() -> None:
-                async with asyncio.timeout(timeout):
-                    await response.write(piece)
+        async def send(piece: bytes) -> None:
+            async with asyncio.timeout(timeout):
+                await response.write(piece)
 
-            await await_task(loop, send())
-            self.stats.http_bytes_sent += len(piece)
+        def pulled() -> Iterator[tuple[str, bool, int | None]]:
+            while batch := trio.from_thread.run(next_batch):
+                yield from batch
 
-        def render() -> None:
-            def pulled() -> Iterator[tuple[str, bool, int | None]]:
-                while batch := trio.from_thread.run(next_batch):
-                    yield from batch
-
-            pieces = (listing.iter_json_index(path, pulled()) if as_json
-                      else listing.iter_html_index(path, pulled(), mtime=self._mtime))
-            for piece in pieces:
-                trio.from_thread.run(write, piece)
-
+        pieces = (listing.iter_json_index(path, pulled()) if as_json
+                  else listing.iter_html_index(path, pulled(), mtime=self._mtime))
         async with aclosing(entries):
-            await trio.to_thread.run_sync(render, limiter=self._listing_threads)
+            try:
+                while (piece := await trio.to_thread.run_sync(
+                        next, pieces, None, limiter=self._listing_threads)) is not None:
+                    await await_task(loop, send(piece))
+                    self.stats.http_bytes_sent += len(piece)
+            finally:
+                pieces.close()
 
-    async def _synthesized_zmetadata(self) -> bytes:
-        """The consolidated metadata of a set that has none, made once (in a worker thread:
-        one vectorised pass over the keys)."""
-        if self._zmetadata is None:
-            made = await trio.to_thread.run_sync(
-                lambda: consolidation(self.core.metadata_keys(METADATA_NAMES)))
-            for key, why in sorted(made.skipped.items()):
-                log.warning("the synthesized .zmetadata leaves out %s: %s", key, why)
-            self._zmetadata = made.document
+    async def _synthesized_zmetadata(self) -> bytes | None:
+        """The consolidated metadata of a set that has none, made once (in a worker thread,
+        key by key within ``consolidated``'s bounds), or None when the set is past them
+        (then never made again: one log line)."""
+        async with self._zmetadata_lock:
+            if self._zmetadata is None and not self._zmetadata_refused:
+                def make() -> Any:
+                    pairs = self.core.metadata_pairs(METADATA_NAMES, max_keys=MAX_VALUES, max_bytes=MAX_BYTES)
+                    return consolidation(pairs)
+
+                try:
+                    made = await trio.to_thread.run_sync(make)
+                except ConsolidationRefused as e:
+                    log.error("no consolidated metadata (.zmetadata) is served for this set: %s", e)
+                    self._zmetadata_refused = True
+                    return None
+                for key, why in sorted(made.skipped.items()):
+                    log.warning("the synthesized .zmetadata leaves out %s: %s", key, why)
+                self._zmetadata = made.document
         return self._zmetadata
 
     # ---- small answers -----------------------------------------------------------------------

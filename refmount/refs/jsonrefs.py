@@ -140,7 +140,7 @@ def build_index(source: str, target_options: dict, bad_keys: str = "error",
     """Parse SOURCE into an IndexBuilder (not yet sorted or validated)."""
     def opener():
         return open_source(source, target_options, limits.max_ratio, limits.source_timeout,
-                           limits.max_source)
+                           limits.max_source, limits.source_roots)
 
     def watched():
         return SurrogateWatch(opener())

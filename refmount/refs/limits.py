@@ -51,13 +51,18 @@ class Limits:
     # seconds a remote SOURCE may take to answer one open or read (not part of what the
     # index is built under: excluded from comparison and repr)
     source_timeout: float | None = field(default=None, compare=False, repr=False)
+    # a catalogue's set in a shared mount: the directories its local SOURCE files are opened
+    # beneath, no symlink followed (refs/source.open_source); None: opened as named
+    source_roots: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_config(cls, cfg: Any) -> Limits:
         return cls(cfg.max_inline, cfg.max_ratio, cfg.max_key_depth, cfg.max_key_length,
                    cfg.max_nesting, max_keys=cfg.max_keys, max_generated=cfg.max_generated,
                    max_template_seconds=cfg.max_template_seconds, max_record=cfg.max_record,
-                   max_source=cfg.max_source, source_timeout=cfg.timeout)
+                   max_source=cfg.max_source, source_timeout=cfg.timeout,
+                   source_roots=None if getattr(cfg, "source_roots", None) is None
+                   else tuple(cfg.source_roots))
 
     @property
     def max_token(self) -> int:

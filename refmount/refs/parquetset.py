@@ -33,6 +33,7 @@ from fsspec.implementations.local import LocalFileSystem
 from refmount.base.errors import ReadError
 from refmount.base.lru import LRU
 from refmount.base.singleflight import SingleFlight
+from refmount.base.urls import is_chained, is_local
 from refmount.refs.index import KeyIndex
 from refmount.refs.indexbuilder import IndexBuilder
 from refmount.refs.limits import DEFAULT_LIMITS, Limits, size_text
@@ -49,14 +50,32 @@ def parquet_root(source: str, target_options: dict[str, Any]) -> str | None:
     """The root of a Parquet reference set, if SOURCE is one: a location (any fsspec URL,
     HTTP included, where there is no directory listing) holding ``.zmetadata``, or that
     ``.zmetadata`` file itself."""
-    root = source.rstrip("/")
-    if root.endswith("/.zmetadata"):
-        return root[: -len("/.zmetadata")]
+    base, query = _split_query(source)
+    base = base.rstrip("/")
+    if base.endswith("/.zmetadata"):
+        return base[: -len("/.zmetadata")] + query
+    root = base + query
     try:
-        fs, path = fsspec.core.url_to_fs(root + "/.zmetadata", **target_options)
+        fs, path = fsspec.core.url_to_fs(under_root(root, ".zmetadata"), **target_options)
         return root if fs.isfile(path) else None
     except Exception:
         return None
+
+
+def _split_query(url: str) -> tuple[str, str]:
+    """A remote URL's text before its query, and the query with its ``?`` (else "")."""
+    if is_local(url) or is_chained(url) or "?" not in url:
+        return url, ""
+    base, _, query = url.partition("?")
+    return base, "?" + query
+
+
+def under_root(root: str, rel: str) -> str:
+    """``rel`` under a set's ``root``: a remote root's query (a signature, a version) stays
+    at the end, on the file named (``refs.json?v=1`` is never probed as
+    ``refs.json?v=1/.zmetadata``)."""
+    base, query = _split_query(root)
+    return f"{base.rstrip('/')}/{rel}{query}"
 
 
 @dataclass(frozen=True)
@@ -126,7 +145,7 @@ def _array_spec(name: str, key: str, zarray: Any) -> ArraySpec:
 def load_parquet_set(source: str, target_options: dict[str, Any], bad_keys: str,
                      limits: Limits = DEFAULT_LIMITS) -> ParquetSet:
     root = parquet_root(source, target_options) or source.rstrip("/")
-    name = root + "/.zmetadata"
+    name = under_root(root, ".zmetadata")
     meta, nonfinite, raw = read_zmetadata(name, target_options, limits)
     if not isinstance(meta, dict):
         raise ReferenceSetError(f"{name}: must be a JSON object")
@@ -367,7 +386,7 @@ class RecordCache:
         self.loads = 0
 
     def url(self, array: ArraySpec, record: int) -> str:
-        return f"{self.pset.root}/{array.path}/refs.{record}.parq"
+        return under_root(self.pset.root, f"{array.path}/refs.{record}.parq")
 
     def _load(self, array: ArraySpec, record: int) -> Record:
         url = self.url(array, record)
@@ -418,7 +437,7 @@ class RecordCache:
         array = self.pset.arrays[array_id]
         records = -(-max(array.count, 1) // self.pset.record_size)
         found = await trio.to_thread.run_sync(
-            list_records, f"{self.pset.root}/{array.path}", self.target_options, records,
+            list_records, under_root(self.pset.root, array.path), self.target_options, records,
             limiter=self._limiter)
         self._present[array_id] = found
         return found
@@ -458,7 +477,7 @@ def references(pset: ParquetSet, target_options: dict[str, Any]) -> Iterator[tup
     rs = pset.record_size
     for array in pset.arrays:
         records = math.ceil(array.count / rs)
-        present = list_records(f"{pset.root}/{array.path}", target_options, records)
+        present = list_records(under_root(pset.root, array.path), target_options, records)
         for record_no in (range(records) if present is None else present.tolist()):
             record = loader._load(array, record_no)
             for row in np.flatnonzero(record.exists).tolist():

@@ -29,19 +29,26 @@ ACCEPT_ENCODING = "gzip, deflate"
 
 
 def open_source(source: str, target_options: dict[str, Any], max_ratio: int = Limits.max_ratio,
-                timeout: float | None = None, max_bytes: int = Limits.max_source) -> IO[bytes]:
+                timeout: float | None = None, max_bytes: int = Limits.max_source,
+                roots: tuple[str, ...] | None = None) -> IO[bytes]:
     """A binary stream of the refs file, decompressed when the name says .gz/.zst/... or an
     HTTP answer says ``Content-Encoding``: a compressed one may expand at most ``max_ratio``
     times the bytes read from the storage, and any yields at most ``max_bytes`` (see
     ExpansionGuard). For a SOURCE that is not a local file, opening it and each read end
-    within ``timeout``."""
+    within ``timeout``. With ``roots`` (a catalogue's set in a shared mount), a local SOURCE is
+    opened as a confined mount opens local targets (``base/confinedopen.py``): beneath one
+    of those directories, symlinks resolved once and none followed while opening, a regular
+    file only."""
     if is_local(source):
         timeout = None
     try:
         http = protocol(source) in HTTP_PROTOCOLS and not is_chained(source)
         options = _http_options(target_options) if http else target_options
         of = fsspec.open(source, "rb", compression="infer", **options)
-        opened = within(timeout, source, of.fs.open, of.path, "rb")
+        if roots is not None and is_local(source):
+            opened = _open_confined(source, list(roots))
+        else:
+            opened = within(timeout, source, of.fs.open, of.path, "rb")
         raw = opened if timeout is None else TimedStream(opened, timeout, source)
         counter = CountingReader(raw)
         stream: IO[bytes] = counter  # type: ignore[assignment]
@@ -67,9 +74,10 @@ def open_source(source: str, target_options: dict[str, Any], max_ratio: int = Li
         raise ReferenceSetError(f"{source}: {problem or 'no such file'}") from None
     except IsADirectoryError:
         raise ReferenceSetError(f"{source}: is a directory, not a reference file") from None
-    except PermissionError:
-        raise ReferenceSetError(f"{source}: permission denied") from None
-    except ValueError as e:  # unknown protocol, bad URL
+    except PermissionError as e:
+        why = f" ({e.strerror})" if roots is not None and e.strerror else ""
+        raise ReferenceSetError(f"{source}: permission denied{why}") from None
+    except ValueError as e:  # unknown protocol, bad URL (a special file, for a confined one)
         raise ReferenceSetError(f"{source}: {e}") from None
     except ImportError as e:
         raise ReferenceSetError(
@@ -78,6 +86,17 @@ def open_source(source: str, target_options: dict[str, Any], max_ratio: int = Li
     except OSError as e:
         problem = connection_problem(e)
         raise ReferenceSetError(f"{source}: {problem or f'cannot open ({e})'}") from None
+
+
+def _open_confined(source: str, roots: list[str]) -> IO[bytes]:
+    """A local SOURCE opened beneath ``roots`` with no symlink followed (targets/localfile.py)."""
+    import os
+
+    from refmount.base.confinedopen import open_checked
+    from refmount.base.urls import local_path
+
+    fd, _ = open_checked(os.path.abspath(local_path(source)), roots)
+    return os.fdopen(fd, "rb")
 
 
 def _http_options(target_options: dict[str, Any]) -> dict[str, Any]:

@@ -54,7 +54,7 @@ def read_zmetadata(name: str, target_options: dict[str, Any], limits: Limits
     number of bare NaN or Infinity constants in it (accepted as Python's json writes them),
     and its bytes as read."""
     with open_source(name, _options(name, target_options), limits.max_ratio,
-                     limits.source_timeout, limits.max_source) as f:
+                     limits.source_timeout, limits.max_source, limits.source_roots) as f:
         try:
             raw = _read_at_most(f, limits.max_inline + 1)
         except ReferenceSetError:

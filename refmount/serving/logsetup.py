@@ -13,6 +13,7 @@ import logging
 import logging.handlers
 import os
 import sys
+import time
 
 from refmount.base import process
 from refmount.base.errors import MountError
@@ -20,6 +21,34 @@ from refmount.base.redact import RedactingFormatter
 from refmount.config import MountConfig
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class MalformedRequests(logging.Filter):
+    """aiohttp logs every request it cannot parse at ERROR with a traceback and the request's
+    text: a client could fill the log with them. On ``aiohttp.server`` this filter lets one
+    line through per ``interval`` seconds, without the traceback or the request, counting
+    those it held back; every other record passes unchanged."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        super().__init__()
+        self.interval = interval
+        self.held = 0
+        self.last = -interval
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None or not any(c.__name__ == "BadHttpMessage" for c in type(exc).__mro__):
+            return True
+        self.held += 1
+        now = time.monotonic()
+        if now - self.last < self.interval:
+            return False
+        record.msg = "refused %d malformed HTTP request%s (400) in the last %g s"
+        record.args = (self.held, "" if self.held == 1 else "s", self.interval)
+        record.exc_info = record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        self.held, self.last = 0, now
+        return True
 
 
 def stderr_warnings() -> None:
@@ -66,4 +95,8 @@ def setup_logging(cfg: MountConfig, detached: bool) -> str:
     # Third-party chatter stays at warning unless we debug.
     for noisy in ("fsspec", "aiohttp", "botocore", "s3fs", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if cfg.debug else logging.WARNING)
+    server_log = logging.getLogger("aiohttp.server")
+    for f in [f for f in server_log.filters if isinstance(f, MalformedRequests)]:
+        server_log.removeFilter(f)
+    server_log.addFilter(MalformedRequests())
     return target

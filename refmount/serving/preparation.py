@@ -27,10 +27,35 @@ from refmount.targets.policy import TargetRefused, check_targets
 def index_source(cfg: MountConfig) -> IndexFile:
     """Parse or validate SOURCE in its format (refs.prepare_index) under the mount's limits,
     with a progress line on a terminal when it takes a while."""
+    if cfg.source_roots is not None:
+        _check_confined_source(cfg.source, cfg.source_roots)
     with Progress(f"indexing {redact_url(cfg.source)}", keys=False):
         return prepare_index(cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
                              limits=Limits.from_config(cfg),
                              cache_dir=cfg.cache_dir if cfg.disk_cache else None)
+
+
+def _check_confined_source(source: str, roots: list[str]) -> None:
+    """A catalogue's local set file (a Parquet set's ``.zmetadata``) opens beneath ``roots``
+    with no symlink followed, before any index of it (a persisted one included) is used: the
+    set is read through the same checks again (``Limits.source_roots``)."""
+    from refmount.base.confinedopen import NotARegularFile, open_checked
+    from refmount.base.urls import is_local, local_path
+    from refmount.refs.model import ReferenceSetError
+
+    if not is_local(source):
+        return
+    path = os.path.abspath(local_path(source))
+    if os.path.isdir(path):
+        path = os.path.join(path, ".zmetadata")
+    try:
+        fd, _ = open_checked(path, roots)
+    except (OSError, NotARegularFile) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ReferenceSetError(f"{source}: not opened: {why} (a set file of a shared catalogue "
+                                "must lie beneath its directory or allow_local, and not through a "
+                                "symlink leaving it)") from None
+    os.close(fd)
 
 
 def check_pins(cfg: MountConfig) -> None:

@@ -46,6 +46,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# What a set's error says outside the log (refmount stats, xattrs, HTTP bodies): fixed texts,
+# never the reason, which may quote the file it could not parse or name local paths.
+OPEN_FAILED = "the set cannot be opened (the log says why)"
+TOO_MUCH_OPEN = "too many sets are in use at once (max_open_memory): try again later"
+IDENTIFY_FAILED = "the set's SOURCE cannot be identified (the log says why)"
+
 __all__ = ["Entry", "Opened", "SetEvents", "SetSlot", "SetUnavailable", "SetVersion", "Sets",
            "index_and_build", "set_config"]
 
@@ -74,6 +80,7 @@ class Opened:
     core: Any
     identity: str
     key: str
+    size: int = 0  # bytes it holds while open (its index, its memory cache)
 
 
 @dataclass(eq=False)
@@ -86,6 +93,7 @@ class SetVersion:
     core: Any
     identity: str
     key: str
+    size: int = 0  # bytes it holds while open (Opened.size)
     opened: float = field(default_factory=time.time)
     front: Any = None
     handles: int = 0  # open files
@@ -111,7 +119,7 @@ class SetSlot:
     last_used: float = 0.0  # trio.current_time() of the last request
     last_check: float | None = None  # wall time of the last reload check
     last_reload: float | None = None  # wall time a new version was swapped in
-    error: str | None = None  # why the last indexing failed (the last good version serves)
+    error: str | None = None  # OPEN_FAILED or IDENTIFY_FAILED (the last good version serves)
     failed_identity: str | None = None  # the SOURCE identity that failed: not tried again
     last_key: str = ""  # the index of the last version (a reopen of the same keeps the vid)
     removed: bool = False
@@ -166,10 +174,11 @@ class Sets:
 
     def __init__(self, entries: Mapping[str, Any], *, open_set: OpenSet, identify: Identify,
                  max_open: int, events: SetEvents | None = None, max_indexing: int = 2,
-                 max_identify: int = 8) -> None:
+                 max_identify: int = 8, max_bytes: int = 0) -> None:
         self._open_set = open_set
         self._identify = identify
         self.max_open = max(1, max_open)
+        self.max_bytes = max_bytes  # of the versions not yet closed, in use or not (0: no bound)
         self.events = events or SetEvents()
         self._vids = itertools.count(1)
         self.slots: dict[str, SetSlot] = {}
@@ -261,6 +270,12 @@ class Sets:
                 if identity == slot.failed_identity:
                     raise SetUnavailable(slot.error)
             opened = await self._index(slot, slot.entry)
+            if not await self._room_for(opened.size, keep=slot):
+                await self._discard(opened)
+                log.error("set %s: not opened: %s MiB of open sets, in use, and its %s MiB would pass "
+                          "max_open_memory=%s MiB (it opens once others close)", slot.name or "/",
+                          self.held_bytes >> 20, opened.size >> 20, self.max_bytes >> 20)
+                raise SetUnavailable(TOO_MUCH_OPEN)
             version = await self._install(slot, opened)
         finally:
             del self._opening[slot.name]
@@ -312,11 +327,14 @@ class Sets:
             opened = await trio.to_thread.run_sync(self._open_set, slot.name, entry,
                                                    limiter=self._indexing, abandon_on_cancel=True)
         except Exception as e:
-            message = redact_url(str(e) or type(e).__name__)
-            slot.error = message
+            # the reason (a path, a parse excerpt, a refusal naming directories) goes to the
+            # log only; what clients see (stats, xattrs, a 503) is a fixed text
+            log.error("set %s: cannot be opened: %s", slot.name or "/",
+                      redact_url(str(e) or type(e).__name__))
+            slot.error = OPEN_FAILED
             with contextlib.suppress(Exception):
                 slot.failed_identity = await self._identity(slot)
-            raise SetUnavailable(message) from None
+            raise SetUnavailable(OPEN_FAILED) from None
         log.info("set %s: opened in %.2f s", slot.name or "/", time.monotonic() - began)
         return opened
 
@@ -331,7 +349,8 @@ class Sets:
         else:
             vid = next(self._vids)
             slot.versions += 1
-        version = SetVersion(vid, slot.versions, slot.name, opened.core, opened.identity, opened.key)
+        version = SetVersion(vid, slot.versions, slot.name, opened.core, opened.identity, opened.key,
+                             opened.size)
         await self._start(version)
         self._versions[vid] = version
         self.events.made(version)
@@ -390,23 +409,53 @@ class Sets:
         version.retired = True
         version.closing.set()
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes the versions not yet closed hold (current ones, and replaced ones still read)."""
+        return sum(v.size for v in self._versions.values())
+
+    async def _room_for(self, size: int, keep: SetSlot) -> bool:
+        """Close idle sets, least recently used first, until ``size`` more bytes fit within
+        ``max_bytes``; False if they do not (the sets in use hold too much)."""
+        if not self.max_bytes:
+            return True
+        in_use = sum(v.size for v in self._versions.values()
+                     if not (v.idle and (s := self.slots.get(v.name)) is not None and s.current is v
+                             and s is not keep and v.name not in self._opening))
+        if in_use + size > self.max_bytes and self._versions:
+            return False  # closing the idle ones would not make room: none is closed
+        while self.held_bytes + size > self.max_bytes:
+            version = self._close_least_recent(keep, f"for max_open_memory={self.max_bytes >> 20} MiB")
+            if version is None:
+                return not self._versions  # one set alone is never refused
+            with trio.CancelScope(shield=True):
+                await version.closed.wait()
+        return True
+
     async def _bound(self, keep: SetSlot | None = None) -> None:
         """Close the least recently used idle slots beyond ``max_open`` (never ``keep``,
         the slot just opened for a request)."""
         while self.opened > self.max_open:
-            idle = [s for s in self._open
-                    if s.current is not None and s.current.idle and s.name not in self._opening
-                    and s is not keep]
-            if not idle:
+            why = f"of {self.opened} open, max_open_sets={self.max_open}"
+            if self._close_least_recent(keep, why) is None:
                 return  # every open set is in use: closed once one is idle
-            slot = min(idle, key=lambda s: s.last_used)
-            version = slot.current
-            assert version is not None
-            slot.current = None
-            self._open.discard(slot)
-            log.info("set %s: closed (least recently used of %d open, max_open_sets=%d)",
-                     slot.name or "/", self.opened + 1, self.max_open)
-            self._close(version)
+
+    def _close_least_recent(self, keep: SetSlot | None, why: str) -> SetVersion | None:
+        """Close the current version of the least recently used idle slot (never ``keep``);
+        None when every open set is in use."""
+        idle = [s for s in self._open
+                if s.current is not None and s.current.idle and s.name not in self._opening
+                and s is not keep]
+        if not idle:
+            return None
+        slot = min(idle, key=lambda s: s.last_used)
+        version = slot.current
+        assert version is not None
+        slot.current = None
+        self._open.discard(slot)
+        log.info("set %s: closed (least recently used %s)", slot.name or "/", why)
+        self._close(version)
+        return version
 
     # ---- reloading -------------------------------------------------------------------------
     async def check(self) -> int:
@@ -441,8 +490,9 @@ class Sets:
             try:
                 identity = await self._identity(slot)
             except Exception as e:
-                slot.error = redact_url(f"cannot identify SOURCE: {e}")
-                log.error("set %s: %s (the opened version keeps serving)", slot.name or "/", slot.error)
+                slot.error = IDENTIFY_FAILED
+                log.error("set %s: cannot identify SOURCE: %s (the opened version keeps serving)",
+                          slot.name or "/", redact_url(str(e)))
                 return False
             finally:
                 slot.last_check = time.time()
@@ -453,9 +503,9 @@ class Sets:
                 return False
             try:
                 opened = await self._index(slot, slot.entry)
-            except SetUnavailable as e:
-                log.error("set %s: the new version cannot be served, version %d keeps serving: %s",
-                          slot.name or "/", current.number, e)
+            except SetUnavailable:  # why: logged by _index
+                log.error("set %s: the new version cannot be served, version %d keeps serving",
+                          slot.name or "/", current.number)
                 return False
             if slot.removed or slot.current is not current:  # closed or removed meanwhile
                 await self._discard(opened)
@@ -550,6 +600,10 @@ def set_config(cfg: Any, entry: Any) -> Any:
                                                              or out.serving):
         # A shared mount's local targets: beneath the catalogue's directory (its default).
         out.allow_local = cfg.local_roots()
+    if getattr(cfg, "catalog", False) and is_local(source) and out.local_roots() != ["/"]:
+        # A shared catalogue's set files are confined as its targets are: a set file (or a
+        # Parquet set's .zmetadata) is opened beneath those directories, no symlink followed.
+        out.source_roots = out.local_roots()
     options = []
     for name, value in dict(entry.options).items():
         option = OPTIONS_BY_NAME.get(name)
@@ -570,10 +624,12 @@ def index_and_build(cfg: Any, entry: Any, identify: Identify, indexer: IndexerPr
     identity = identify(entry)
     index_file = indexer.index(set_cfg)
     try:
+        # a Parquet set has no index file: its records, loaded on demand, are bounded apart
+        size = (os.path.getsize(index_file.path) if index_file.path else 0) + set_cfg.memory_cache_size
         core = build_core(set_cfg, index_file)
     finally:
         if index_file.temporary:  # mapped: the file can go
             with contextlib.suppress(OSError):
                 os.unlink(index_file.path)
     key = "" if index_file.temporary else f"{index_file.kind}:{index_file.path}:{identity}"
-    return Opened(core, identity, key or f"temporary:{id(core)}")
+    return Opened(core, identity, key or f"temporary:{id(core)}", size)

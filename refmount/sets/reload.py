@@ -23,6 +23,8 @@ from refmount.sets.opensets import Sets
 
 log = logging.getLogger(__name__)
 
+CATALOG_UNREADABLE = "the catalogue cannot be read again: the sets stay as they are (the log says why)"
+
 __all__ = ["Reloader", "watch_signals"]
 
 ReadCatalog = Callable[[], Mapping[str, Any]]  # blocking: the catalogue's entries now
@@ -39,7 +41,8 @@ class Reloader:
         self.read_catalog = read_catalog
         self.checks = 0  # checks done
         self.last_check: float | None = None  # wall time the last check ended
-        self.catalog_error: str | None = None  # why the catalogue could not be re-read
+        self.catalog_error: str | None = None  # CATALOG_UNREADABLE, or None
+        self._catalog_reason: str | None = None  # why it could not be re-read (logged once)
         self._wake = trio.Event()
         self.done = trio.Event()  # set after each check (tests and tools wait on it)
 
@@ -63,12 +66,13 @@ class Reloader:
                 entries = await trio.to_thread.run_sync(self.read_catalog, abandon_on_cancel=True)
             except Exception as e:
                 message = redact_url(str(e) or type(e).__name__)
-                if message != self.catalog_error:
+                if message != self._catalog_reason:  # the reason in the log (once), never in stats
                     log.error("catalogue: cannot read it again, the sets stay as they are: %s",
                               message)
-                self.catalog_error = message
+                self._catalog_reason = message
+                self.catalog_error = CATALOG_UNREADABLE
             else:
-                self.catalog_error = None
+                self.catalog_error = self._catalog_reason = None
                 self.sets.update(entries)
         swapped = await self.sets.check()
         self.checks += 1

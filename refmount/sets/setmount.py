@@ -165,6 +165,7 @@ def build_sets(cfg: MountConfig, index_file: IndexFile) -> SetMount:
         return index_and_build(cfg, entry, identify, indexer)
 
     indexer = IndexerProcesses()
-    sets = Sets(entries, open_set=open_set, identify=identify, max_open=cfg.max_open_sets)
+    sets = Sets(entries, open_set=open_set, identify=identify, max_open=cfg.max_open_sets,
+                max_bytes=cfg.max_open_memory if getattr(cfg, "catalog", False) else 0)
     return SetMount(cfg, sets, Reloader(sets, interval=reload_every, read_catalog=read_again), info,
                     indexer)

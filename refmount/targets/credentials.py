@@ -35,6 +35,7 @@ runs at most ``timeout`` seconds (then its process group is killed) and may prin
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -54,6 +55,7 @@ import trio
 from refmount.base.errors import FetchError, ReadError
 from refmount.base.redact import redact_url
 from refmount.base.singleflight import SingleFlight
+from refmount.targets import reaper
 
 __all__ = ["Credential", "CredentialError", "CredentialProcess", "RuleCredentials",
            "merge_options", "parse_output", "run_command"]
@@ -252,11 +254,29 @@ def command_problem(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _stop(proc: trio.Process) -> None:
+    """Ask the reaper (targets/reaper.py) to kill the command and every descendant it has."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+
+
 def _kill_group(proc: trio.Process) -> None:
+    """The reaper did not end in time: its process group, and it, killed outright."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         proc.kill()
+
+
+def _startable(argv: Sequence[str]) -> str | None:
+    """Why ``argv[0]`` cannot be started (as ``execvp`` would find it), or None."""
+    command = argv[0]
+    path = command if "/" in command else shutil.which(command)
+    if path is None or not os.path.exists(path):
+        return os.strerror(errno.ENOENT)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        return os.strerror(errno.EACCES)
+    return None
 
 
 async def run_command(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT,
@@ -267,9 +287,11 @@ async def run_command(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT,
     process group is then killed), or exits with a non-zero status (the end of its stderr
     in ``detail``)."""
     name = shown_command(argv)
-    try:
+    if (why := _startable(argv)) is not None:
+        raise ProcessFailed(f"cannot run {name}: {why}")
+    try:  # under the reaper: the command and every process it starts end together
         proc = await trio.lowlevel.open_process(
-            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            reaper.command(list(argv)), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True)
     except OSError as e:
         raise ProcessFailed(f"cannot run {name}: {e.strerror or type(e).__name__}") from None
@@ -283,7 +305,7 @@ async def run_command(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT,
             out.extend(chunk)
             if len(out) > max_output:
                 too_big = True
-                _kill_group(proc)
+                _stop(proc)
                 return
 
     async def read_stderr() -> None:
@@ -302,9 +324,14 @@ async def run_command(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT,
                     nursery.cancel_scope.cancel()
     finally:
         if proc.returncode is None or scope.cancelled_caught or too_big:
-            _kill_group(proc)
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
-            await proc.wait()
+            _stop(proc)
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(5):
+                await proc.wait()
+            if proc.returncode is None:
+                _kill_group(proc)
+                with trio.move_on_after(5):
+                    await proc.wait()
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):

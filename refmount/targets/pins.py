@@ -26,30 +26,31 @@ This module is pure (no I/O but reading and writing the pin file): the fetcher a
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
+import stat
 import tempfile
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import IO, Any
 
 from refmount.base.errors import ConfigError, FetchError
 from refmount.base.lru import LRU
-from refmount.base.optionfile import read_option_bytes
 from refmount.base.redact import redact_url
+from refmount.targets.versions import _FIELDS, Version
+from refmount.targets.versions import (
+    VersionChanged as VersionChanged,  # re-exported: where pins are, for the fetcher
+)
 
 log = logging.getLogger(__name__)
 
 PIN_FORMAT = "refmount-pins-1"
-MAX_PIN_FILE = 1 << 30  # a pin file larger than this is refused (bounded memory)
-_FIELDS = ("size", "etag", "last_modified", "mtime_ns", "version_id")
-
-
-class VersionChanged(Exception):
-    """A response (or a file descriptor) shows a version other than the pinned one; the
-    message says what differs. Raised where the bytes are read, turned into ``PinMismatch``
-    by the fetcher."""
+# A pin file larger than this is refused (max_inline's default: some 600,000 targets of
+# 100-byte URLs), before it is read; it is parsed as it streams, so memory is the pins.
+MAX_PIN_FILE = 64 << 20
+_DEPTH = 3  # {"targets": {URL: {field: value}}}
+_FIELD_SET = frozenset(_FIELDS)
 
 
 class PinMismatch(FetchError):
@@ -57,109 +58,136 @@ class PinMismatch(FetchError):
     Logged once per target by ``Pins.refuse``, so never again per read (``logged``)."""
 
 
-@dataclass(frozen=True)
-class Version:
-    """A target's version as its store reports it; None where it reports nothing."""
+def _pin_error(where: str, what: str) -> ConfigError:
+    return ConfigError(f"pins: {where} is not a valid pin file ({what}); write it with "
+                       "'refmount verify SOURCE --pin FILE'")
 
-    size: int | None = None
-    etag: str | None = None
-    last_modified: str | None = None
-    mtime_ns: int | None = None
-    version_id: str | None = None
 
-    @classmethod
-    def from_headers(cls, headers: Mapping[str, str], size: int | None) -> Version:
-        """From an HTTP response's headers; ``size``: the object's size the response tells
-        (a ``Content-Range`` total, or the ``Content-Length`` of a whole answer)."""
-        return cls(size=size, etag=headers.get("ETag") or None,
-                   last_modified=headers.get("Last-Modified") or None)
+def _not_pin_file(where: str) -> ConfigError:
+    return ConfigError(f"pins: {where} is not a refmount pin file (no \"format\": "
+                       f"\"{PIN_FORMAT}\"); write it with 'refmount verify SOURCE --pin FILE'")
 
-    @classmethod
-    def from_info(cls, info: Mapping[str, Any]) -> Version:
-        """From an fsspec ``info`` dict (http, s3, gcs, ... spell the fields differently)."""
-        size = info.get("size")
-        etag = info.get("ETag") or info.get("etag")
-        modified = (info.get("Last-Modified") or info.get("LastModified") or info.get("mtime")
-                    or info.get("updated"))
-        mtime_ns = info.get("mtime_ns")
-        version = info.get("VersionId") or info.get("version_id") or info.get("generation")
-        return cls(size=int(size) if size is not None else None,
-                   etag=str(etag) if etag else None,
-                   last_modified=str(modified) if modified and mtime_ns is None else None,
-                   mtime_ns=int(mtime_ns) if mtime_ns is not None else None,
-                   version_id=str(version) if version and version != "null" else None)
 
-    def as_json(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in _FIELDS if getattr(self, name) is not None}
+def _version(url: str, entry: dict[str, Any], where: str) -> Version:
+    size, mtime_ns = entry.get("size"), entry.get("mtime_ns")
+    problem = None
+    if not _FIELD_SET.issuperset(entry):
+        problem = f" must be an object with the fields {', '.join(_FIELDS)}"
+    elif type(size) is not int or size < 0:
+        problem = " needs \"size\", a non-negative integer"
+    elif mtime_ns is not None and type(mtime_ns) is not int:
+        problem = ": \"mtime_ns\" must be an integer"
+    else:
+        for name in ("etag", "last_modified", "version_id"):
+            if entry.get(name) is not None and not isinstance(entry[name], str):
+                problem = f": \"{name}\" must be a string"
+    if problem is not None:  # the URL redacted only then: it costs more than the rest
+        raise ConfigError(f"pins: {where}: the pin of {redact_url(url)!r}{problem}")
+    return Version(size=size, etag=entry.get("etag"), last_modified=entry.get("last_modified"),
+                   mtime_ns=mtime_ns, version_id=entry.get("version_id"))
 
-    def token(self) -> str:
-        """A stable text naming this version (part of the disk cache's key of a pinned target)."""
-        return json.dumps(self.as_json(), sort_keys=True)
 
-    @property
-    def strong_etag(self) -> str | None:
-        """The ETag if it is a strong one (``If-Match`` compares strong ETags only)."""
-        return self.etag if self.etag and not self.etag.startswith("W/") else None
+class _Bounded(io.RawIOBase):
+    """A stream that refuses to yield more than ``limit`` bytes in all (a file that grows)."""
 
-    def mismatch(self, seen: Version) -> str | None:
-        """Why ``seen`` (what a response or descriptor showed) is not this pinned version, or
-        None if it is. Every field of the pin that ``seen`` reports must be equal; the ETag,
-        the modification time and the version id must be reported when pinned; the size may
-        go unreported (a ``Content-Range`` total of ``*``) only when an ETag or version id
-        matched."""
-        if seen.size is not None and self.size is not None and seen.size != self.size:
-            return f"size {seen.size:,} bytes, pinned {self.size:,}"
-        for name, label in (("etag", "ETag"), ("version_id", "version id"),
-                            ("mtime_ns", "modification time (ns)"),
-                            ("last_modified", "modification time")):
-            pinned, now = getattr(self, name), getattr(seen, name)
-            if pinned is None:
-                continue
-            if now is None:
-                return f"the store reports no {label}, pinned {pinned}"
-            if now != pinned:
-                return f"{label} {now}, pinned {pinned}"
-        if seen.size is None and self.size is not None and self.etag is None and self.version_id is None:
-            return "the store reports neither the size nor an ETag"
-        return None
+    def __init__(self, f: IO[bytes], limit: int, where: str) -> None:
+        self._f, self._left, self._limit, self._where = f, limit, limit, where
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(self._left + 1 if n < 0 else min(n, self._left + 1))
+        self._left -= len(data)
+        if self._left < 0:
+            raise ConfigError(f"pins: {self._where} is larger than {self._limit >> 20} MiB")
+        return data
+
+
+def _parse_stream(open_stream: Callable[[], IO[bytes]], where: str) -> dict[str, Version]:
+    """The pins of a pin file read as a stream, twice (``open_stream`` opens it): its top
+    level up to the start of "targets" (ijson events; "format" comes first in what
+    ``write_pins`` writes), then each target's pin built by ijson alone (``kvitems``); the
+    nesting is checked before the parser sees a byte (``JsonReader``). Memory is the pins,
+    never the text or a parse of it whole."""
+    import ijson
+
+    from refmount.refs.limits import JsonReader, Limits
+    from refmount.refs.model import ReferenceSetError
+
+    limits = Limits(max_nesting=_DEPTH)
+    fmt: Any = None
+    targets: str | None = None  # the event that starts "targets"
+    try:
+        with open_stream() as f:
+            key = None
+            for prefix, event, value in ijson.parse(JsonReader(f, where, limits), use_float=True):
+                if prefix == "" and event == "map_key":
+                    key = value
+                elif prefix == "" and event == "end_map":
+                    break
+                elif prefix == "" and event != "start_map":
+                    raise _not_pin_file(where)  # a scalar or an array
+                elif prefix == "format" and key == "format":
+                    fmt = value
+                elif prefix == "targets" and key == "targets" and targets is None:
+                    targets = event
+                if fmt is not None and targets is not None:
+                    break
+        if fmt != PIN_FORMAT:
+            raise _not_pin_file(where)
+        if targets != "start_map":
+            raise ConfigError(f"pins: {where}: \"targets\" must be an object of target URL -> pin")
+        pins: dict[str, Version] = {}
+        with open_stream() as f:
+            for url, entry in ijson.kvitems(JsonReader(f, where, limits), "targets", use_float=True):
+                if not isinstance(entry, dict):
+                    raise ConfigError(f"pins: {where}: the pin of {redact_url(url)!r} must be an "
+                                      f"object with the fields {', '.join(_FIELDS)}")
+                pins[url] = _version(url, entry, where)
+        return pins
+    except ConfigError:
+        raise
+    except ijson.JSONError as e:
+        first = str(e).strip().splitlines()[0][:80] if str(e).strip() else ""  # yajl's excerpt after it
+        raise _pin_error(where, "not valid JSON" + (f": {first}" if first else "")) from None
+    except ReferenceSetError as e:
+        raise _pin_error(where, str(e).removeprefix(f"{where}: ").split(" (limit ")[0]) from None
+    except UnicodeDecodeError:
+        raise _pin_error(where, "not UTF-8") from None
+    except (ValueError, RecursionError) as e:  # what a parser may still say of odd numbers
+        raise _pin_error(where, type(e).__name__) from None
 
 
 def parse_pins(text: str | bytes, where: str) -> dict[str, Version]:
     """The pins of a pin file's text; ConfigError naming ``where`` and the problem."""
-    try:
-        doc = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        why = f"{e.msg} at char {e.pos}" if isinstance(e, json.JSONDecodeError) else "not UTF-8"
-        raise ConfigError(f"pins: {where} is not valid JSON ({why}); write it with "
-                          "'refmount verify SOURCE --pin FILE'") from None
-    if not isinstance(doc, dict) or doc.get("format") != PIN_FORMAT:
-        raise ConfigError(f"pins: {where} is not a refmount pin file (no \"format\": "
-                          f"\"{PIN_FORMAT}\"); write it with 'refmount verify SOURCE --pin FILE'")
-    targets = doc.get("targets")
-    if not isinstance(targets, dict):
-        raise ConfigError(f"pins: {where}: \"targets\" must be an object of target URL -> pin")
-    pins: dict[str, Version] = {}
-    for url, entry in targets.items():
-        what = f"pins: {where}: the pin of {redact_url(url)!r}"
-        if not isinstance(entry, dict) or set(entry) - set(_FIELDS):
-            raise ConfigError(f"{what} must be an object with the fields {', '.join(_FIELDS)}")
-        size, mtime_ns = entry.get("size"), entry.get("mtime_ns")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ConfigError(f"{what} needs \"size\", a non-negative integer")
-        if mtime_ns is not None and (not isinstance(mtime_ns, int) or isinstance(mtime_ns, bool)):
-            raise ConfigError(f"{what}: \"mtime_ns\" must be an integer")
-        for name in ("etag", "last_modified", "version_id"):
-            if entry.get(name) is not None and not isinstance(entry[name], str):
-                raise ConfigError(f"{what}: \"{name}\" must be a string")
-        pins[url] = Version(size=size, etag=entry.get("etag"),
-                            last_modified=entry.get("last_modified"), mtime_ns=mtime_ns,
-                            version_id=entry.get("version_id"))
-    return pins
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    return _parse_stream(lambda: io.BytesIO(data), where)
 
 
 def read_pins(path: str) -> dict[str, Version]:
-    """The pins in the file ``path``; ConfigError (one line) if it cannot be read or parsed."""
-    return parse_pins(read_option_bytes(path, "pins", MAX_PIN_FILE), path)
+    """The pins in the file ``path``, parsed as it is read; ConfigError (one line) if it is
+    not a regular file, is larger than MAX_PIN_FILE or cannot be read or parsed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO does not block
+    except OSError as e:
+        raise ConfigError(f"pins: cannot read {path}: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"pins: {path} is not a regular file")
+        if st.st_size > MAX_PIN_FILE:
+            raise ConfigError(f"pins: {path} is larger than {MAX_PIN_FILE >> 20} MiB "
+                              f"({st.st_size:,} bytes): pin fewer targets per file")
+
+        def again() -> IO[bytes]:  # the same open file from its start, never more than the bound
+            f.seek(0)
+            return _Bounded(f, MAX_PIN_FILE, path)  # type: ignore[return-value]
+
+        try:
+            return _parse_stream(again, path)
+        except OSError as e:
+            raise ConfigError(f"pins: cannot read {path}: {e.strerror or e}") from None
 
 
 def write_pins(path: str, versions: Iterable[tuple[str, Version]], source: str) -> int:

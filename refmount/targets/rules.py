@@ -19,8 +19,12 @@ every format alike. The **longest** matching prefix wins. A prefix matches on pa
 boundaries: ``s3://bucket/a`` matches ``s3://bucket/a`` and ``s3://bucket/a/x`` but not
 ``s3://bucket/ab``; a prefix ending with ``/`` matches everything that starts with it. A local
 prefix (a plain absolute path or ``file://``/``local://`` URL) matches local targets by path,
-whichever of those forms a set uses. A target whose part after a prefix has a ``..`` segment
-is matched by no rule (it would be requested outside the prefix, with the rule's options).
+whichever of those forms a set uses. Remote prefixes and targets are compared as a client
+sends them (``urls.normal_url``, for every protocol: scheme and host in lower case, default
+ports dropped, escaped unreserved characters decoded, so ``%2e%2e`` is ``..``). A target whose
+part after a prefix has a ``..`` segment, however escaped (``urls.climbs``: ``..%2F``, ``..\\``),
+is matched by no rule: its client or server would remove the dot segments and request a path
+outside the prefix, with the rule's options.
 A rewrite replaces the prefix as text: a prefix and its rewrites all end with ``/`` or none
 does.
 
@@ -35,7 +39,7 @@ from typing import Any
 
 from refmount.base.errors import ConfigError
 from refmount.base.redact import redact_url
-from refmount.base.urls import is_local, local_path
+from refmount.base.urls import climbs, is_local, local_path, normal_url
 from refmount.config import Rules
 
 MAX_RULES = 10_000
@@ -85,10 +89,12 @@ class Route:
 
 
 def _match_key(url: str) -> tuple[bool, str]:
-    """(local?, the text prefixes are matched against): a local URL by its path."""
+    """(local?, the text prefixes are matched against): a local URL by its path, another as
+    its client sends it (``urls.normal_url``: case of scheme and host, default port, escaped
+    unreserved characters)."""
     if is_local(url):
         return True, local_path(url)
-    return False, url
+    return False, normal_url(url)
 
 
 class TargetRules:
@@ -120,8 +126,12 @@ class TargetRules:
         # another path than the one under the prefix, with the rule's options).
         at = len(text)
         while (at := text.rfind("/", 0, at)) >= 0:
-            if text[at + 1 :].split("/", 1)[0] == "..":
-                break  # this and every shorter prefix would be climbed out of
+            segment = text[at + 1 :].split("/", 1)[0]
+            if segment == ".." or (not local and climbs(segment)):
+                # this and every shorter prefix would be climbed out of (a remote URL's
+                # segment however escaped: "%2e%2e" is decoded by normal_url, "..%2F" or
+                # "..\\" by a server)
+                break
             rule = self._by_prefix.get((local, text[: at + 1])) or self._by_prefix.get((local, text[:at]))
             if rule is not None:
                 return rule

@@ -776,3 +776,25 @@ def test_a_gzip_encoded_zmetadata_bomb_over_http_is_refused_within_max_inline(mo
     finally:
         server.shutdown()
         thread.join()
+
+
+def test_a_source_with_a_query_keeps_it_on_the_files_it_names(serve, srv, tmp_path):
+    """A SOURCE URL with a query (a signature, a version): the probe for a Parquet set asks for
+    ``.zmetadata`` with the query after it, never ``refs.json?v=1/.zmetadata`` (which a server
+    ignoring queries answers with the JSON file, making it look like a Parquet set); a
+    Parquet set's ``.zmetadata`` and record files are asked for with the query too."""
+    from support.refsets import tiny_parquet
+
+    srv.put("refs.json", json.dumps({".zgroup": '{"zarr_format": 2}', "k": "hello"}).encode())
+    s = serve(srv.url_for("refs.json", query="v=1"), "no_disk_cache")
+    assert s.request("GET", "/k").body == b"hello"
+    asked = [(r.path, r.query) for r in srv.log(method=None)]
+    assert ("/refs.json/.zmetadata", "v=1") in asked, asked
+    assert all(".zmetadata" not in q for _, q in asked), asked
+
+    srv.reset_log()
+    tiny_parquet(srv.root / "pq", tmp_path / "pdata")
+    s = serve(srv.url_for("pq", query="sig=abc"), "no_disk_cache")
+    assert s.request("GET", "/x/0").body == b"raw0"
+    asked = [(r.path, r.query) for r in srv.log(method=None)]
+    assert ("/pq/.zmetadata", "sig=abc") in asked and ("/pq/x/refs.0.parq", "sig=abc") in asked, asked

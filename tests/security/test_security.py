@@ -33,6 +33,7 @@ from support.mounts import is_mounted, run_cli
 from support.probes import stats
 from support.servers import moto_s3
 
+from refmount.base.confinedopen import NotARegularFile, open_checked
 from refmount.base.errors import FetchError
 from refmount.base.redact import redact_url
 from refmount.base.stats import Stats
@@ -40,7 +41,7 @@ from refmount.cache.blocks import DiskCache, MemoryLRU, aligned_buffer, round_up
 from refmount.core.reader import RefReader
 from refmount.refs import Ref, RefKind
 from refmount.targets.fetch import Fetcher
-from refmount.targets.localfile import NotARegularFile, open_checked, read_range
+from refmount.targets.localfile import read_range
 from refmount.targets.policy import TargetPolicy
 
 pytestmark = pytest.mark.timeout(120)

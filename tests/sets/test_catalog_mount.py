@@ -152,7 +152,10 @@ def test_reload_swaps_sets_while_open_files_keep_the_old_version(mount, tmp_path
     check_and_wait(lambda: "error" in set_state(m, "a"))
     assert (m.path / "a" / "k").read_bytes() == payload(2)
     error = os.getxattr(m.path / "a", "user.refmount.set.error").decode()
-    assert "a.json" in error and set_state(m, "a")["error"] == error
+    from refmount.sets.opensets import OPEN_FAILED  # a fixed text: why is in the log
+
+    assert error == OPEN_FAILED and set_state(m, "a")["error"] == error
+    assert "set a: cannot be opened" in m.log_text() and "a.json" in m.log_text()
     assert set_state(m, "a")["version"] == 2
 
 
@@ -198,3 +201,52 @@ def test_serve_stac_catalogue_answers_zmetadata_and_chunks_per_set(serve, catalo
     assert s.stats()["set_states"]["nc4"]["state"] == "open"
     group = zarr.open_group(s.url + "pq", mode="r", zarr_format=2)  # fsspec's HTTP file system
     np.testing.assert_array_equal(group["name"][...], lazy_zarr_parquet_arrays(catalogue)["name"])
+
+
+def test_set_files_of_a_shared_catalogue_do_not_leave_its_directory(serve, mount, tmp_path) -> None:
+    """A user puts symlinks in a catalogue directory that root serves (and mounts with
+    allow_other): to a root-only set, to a file that is not JSON, to a Parquet set outside.
+    None of them is read; each set's error, in 503 bodies, stats and the xattr, is a fixed text
+    that quotes nothing of the file (the reason is in the log); symlinks within the catalogue
+    directory and the other sets serve."""
+    from refmount.sets.opensets import OPEN_FAILED
+
+    priv = tmp_path / "priv"
+    priv.mkdir(mode=0o700)
+    secret = "SECRET-VALUE-oaxq"
+    (priv / "inline.json").write_text(json.dumps({".zgroup": '{"zarr_format": 2}', "k": secret}))
+    (priv / "shadow").write_text(f"root:{secret}:19000:0:99999:7:::\n")
+    for p in priv.iterdir():
+        p.chmod(0o600)
+    lazy_zarr_parquet(priv / "pq.parq")
+    cat = tmp_path / "cat"
+    (cat / "sub").mkdir(parents=True)
+    write_set(cat / "good.json", 1)
+    write_set(cat / "sub" / "inner.json", 2)
+    (cat / "inside.json").symlink_to(cat / "sub" / "inner.json")  # stays in the directory: fine
+    (cat / "x.json").symlink_to(priv / "inline.json")
+    (cat / "y.json").symlink_to(priv / "shadow")
+    (cat / "p.parq").symlink_to(priv / "pq.parq")
+    refused = {"x": "/x/k", "y": "/y/k", "p": "/p/.zmetadata"}
+
+    s = serve(cat, "catalog")
+    assert s.request("GET", "/good/k").body == payload(1)
+    assert s.request("GET", "/inside/k").body == payload(2)
+    for name, path in refused.items():
+        for _ in range(2):  # the second answer from the slot's kept error
+            r = s.request("GET", path)
+            assert (r.status, r.body) == (503, f"the set cannot be served: {OPEN_FAILED}\n".encode()), r
+        assert s.stats()["set_states"][name]["error"] == OPEN_FAILED
+    assert secret not in json.dumps(s.stats())
+    log = s.log_text()
+    assert secret not in log
+    assert log.count("set x: cannot be opened") == 1 and "symlink leaving it" in log, log
+
+    m = mount(cat, "catalog", "allow_other")
+    assert (m.path / "good" / "k").read_bytes() == payload(1)
+    for name in refused:
+        with pytest.raises(OSError):
+            os.listdir(m.path / name)
+        assert os.getxattr(m.path / name, "user.refmount.set.error").decode() == OPEN_FAILED
+        assert set_state(m, name)["error"] == OPEN_FAILED
+    assert secret not in m.log_text()

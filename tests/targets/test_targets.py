@@ -249,3 +249,43 @@ def test_a_mirror_refusing_connections_is_left_at_once(two_servers):
 
     data, took = trio.run(main)
     assert data == b"2" * 10 and took < 1.0, took
+
+
+@pytest.mark.fuse
+def test_a_rules_header_never_reaches_a_path_outside_its_prefix(mount, serve, srv, tmp_path):
+    """A rule for ``/pub/`` with an ``Authorization`` header; targets that climb out of it
+    however the dots are escaped. Read through refmount serve and through a mount, the
+    recording server sees the header on requests under ``/pub/`` only, whatever path each
+    request names once decoded and normalised."""
+    import posixpath
+    import urllib.parse
+
+    srv.put("pub/a", b"PUBLIC-A" * 100)
+    srv.put("obj", b"OUTSIDE" * 100)
+    token = "Bearer RULE-TOKEN-9f1c"
+    base = srv.url
+    refs = {"inside": [f"{base}/pub/a"], "dot": [f"{base}/pub/./a"], "esc": [f"{base}/p%75b/a"],
+            "e1": [f"{base}/pub/%2e%2e/obj"], "e2": [f"{base}/pub/.%2e/obj"],
+            "e3": [f"{base}/pub/%2E%2E/obj"], "e4": [f"{base}/pub/x/%2e%2e/%2e%2e/obj"]}
+    src = write_json(tmp_path / "refs.json", refs)
+    rules = json.dumps([{"prefix": f"{base}/pub/", "options": {"headers": {"Authorization": token}}}])
+
+    def check() -> None:
+        with_header = [r for r in srv.log(method=None) if r.headers.get("Authorization") == token]
+        assert with_header, "the rule's header was never sent"
+        for r in srv.log(method=None):
+            sent = posixpath.normpath(urllib.parse.unquote(urllib.parse.urlsplit(r.raw_target).path))
+            if r.headers.get("Authorization") == token:
+                assert sent.startswith("/pub/"), (r.raw_target, sent)
+
+    s = serve(src, f"targets={rules}", "no_disk_cache", "retries=0")
+    for key in refs:
+        r = s.request("GET", f"/{key}")
+        assert r.status == 200 and r.body == (b"PUBLIC-A" * 100 if key in ("inside", "dot", "esc")
+                                              else b"OUTSIDE" * 100), (key, r)
+    check()
+    srv.reset_log()
+    m = mount(src, f"targets={rules}", "no_disk_cache", "retries=0")
+    for key in refs:
+        assert (m / key).read_bytes()[:6] in (b"PUBLIC", b"OUTSID")
+    check()

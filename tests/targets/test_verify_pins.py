@@ -19,6 +19,7 @@ import json
 import os
 import random
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from support.mounts import run_cli
 from support.paths import read_or_errno
 from support.probes import log_lines, stats
 from support.servers import moto_s3
+from support.serving import serve_cli
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 
@@ -181,6 +183,21 @@ def test_a_mount_with_a_malformed_pin_file_is_refused(mount_fails, tmp_path) -> 
     partial = tmp_path / "partial-pins.json"
     partial.write_text('{"format": "refmount-pins-1", "targets": {}}')
     mount_fails(source, f"pins={partial}", must_mention=("not pinned",))
+    # hostile pin files, through both front ends: one line each, at once
+    deep = tmp_path / "deep-pins.json"
+    deep.write_text('{"format": "refmount-pins-1", "targets": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    digits = tmp_path / "digits-pins.json"
+    digits.write_text('{"format": "refmount-pins-1", "targets": {"t.bin": {"size": 1' + "0" * 5000 + "}}}")
+    big = tmp_path / "big-pins.json"
+    big.write_bytes(b" " * ((64 << 20) + 1))
+    for pins, words in ((deep, "nested deeper than 3 levels"), (digits, "not valid JSON"),
+                        (big, "larger than 64 MiB"), ("/dev/zero", "is not a regular file")):
+        began = time.monotonic()
+        _, line = mount_fails(source, f"pins={pins}", must_mention=("pins", words))
+        assert "recursion" not in line and "unexpected" not in line, line
+        r = serve_cli(source, f"pins={pins}")
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
+        assert time.monotonic() - began < 30
 
 
 def test_s3_pins_read_a_versioned_object_by_its_version_and_refuse_others(mount, tmp_path) -> None:

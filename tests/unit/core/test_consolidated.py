@@ -7,10 +7,11 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 import xarray as xr
 import zarr
 
-from refmount.core.consolidated import consolidate, consolidation, is_metadata_key
+from refmount.core.consolidated import ConsolidationRefused, consolidate, consolidation, is_metadata_key
 
 
 def store_metadata(root: Path) -> dict[str, bytes]:
@@ -115,11 +116,47 @@ def test_skips_and_says_why():
 
 
 def test_bounded_input():
+    """Just under each bound: consolidated; just over: refused, naming the bound."""
+    doc = b'{"x": 1' + b" " * 200 + b"}"  # 208 bytes, written as 30 or so
+    metadata = {f"a{i}/.zattrs": doc for i in range(10)}
+    assert len(json.loads(consolidation(metadata, max_bytes=2080).document)["metadata"]) == 10
+    with pytest.raises(ConsolidationRefused, match="keys hold more than 2,079 bytes"):
+        consolidation(metadata, max_bytes=2079)
     metadata = {f"a{i}/.zattrs": b'{"x": "' + b"y" * 100 + b'"}' for i in range(10)}
-    result = consolidation(metadata, max_bytes=350)
-    assert len(json.loads(result.document)["metadata"]) == 3
-    assert len(result.skipped) == 7
-    assert all("bound" in why for why in result.skipped.values())
+    # the document written is bounded too (re-indented, it is longer than its input)
+    written = len(consolidation(metadata).document)
+    consolidation(metadata, max_bytes=written)
+    with pytest.raises(ConsolidationRefused, match="consolidated metadata is over"):
+        consolidation(metadata, max_bytes=written - 60)
+    # JSON values: one per key, plus one per container and comma
+    values = {f"v{i}/.zattrs": b'{"a": [1, 2, 3]}' for i in range(4)}  # 1 + 2 + 2 = 5 each
+    assert len(json.loads(consolidation(values, max_values=20).document)["metadata"]) == 4
+    with pytest.raises(ConsolidationRefused, match="more than 19 JSON values"):
+        consolidation(values, max_values=19)
+
+
+def test_refused_as_soon_as_a_bound_is_passed():
+    """The keys after the one that passes a bound are neither read nor parsed."""
+    taken: list[str] = []
+
+    def pairs():
+        for i in range(1000):
+            taken.append(f"k{i:04d}/.zattrs")
+            yield taken[-1], b'{"a": [' + b"0," * 999 + b"0]}"
+
+    with pytest.raises(ConsolidationRefused):
+        consolidation(pairs(), max_values=10_000)
+    assert len(taken) == 10  # 1,002 values each
+
+
+def test_the_document_is_what_one_json_dumps_writes():
+    """Built key by key, the text is the one zarr 2 writes for the whole document at once."""
+    metadata = {".zattrs": b'{"b": [1, {"c": "x\\ny"}], "\\u00e9": NaN, "a": {}}',
+                "a/.zarray": b'{"shape": [1, 2], "z": {}, "f": []}', "b/.zgroup": b'{"zarr_format": 2}',
+                "b/c/.zattrs": b"{}"}
+    whole = {"metadata": {k: json.loads(v) for k, v in metadata.items()}, "zarr_consolidated_format": 1}
+    assert consolidate(metadata) == json.dumps(whole, indent=4, sort_keys=True, ensure_ascii=True,
+                                               separators=(",", ": ")).encode()
 
 
 def test_empty_set():

@@ -13,8 +13,8 @@ import trio
 import trio.testing
 
 from refmount.fuse.inodes import ROOT, InodeTable, VersionInodes
-from refmount.sets.opensets import Opened, SetEvents, Sets, SetSlot, SetUnavailable
-from refmount.sets.reload import Reloader
+from refmount.sets.opensets import OPEN_FAILED, Opened, SetEvents, Sets, SetSlot, SetUnavailable
+from refmount.sets.reload import CATALOG_UNREADABLE, Reloader
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class World:
         self.broken: set[tuple[str, str]] = set()
         self.opened: list[tuple[str, str]] = []
         self.cores: list[FakeCore] = []
+        self.size: dict[str, int] = {}  # bytes a set holds open (Opened.size)
 
     def identify(self, entry: Entry) -> str:
         return self.identity[entry.name]
@@ -64,7 +65,7 @@ class World:
             raise ValueError(f"{entry.source}: not a reference set (bad JSON at char 3)")
         core = FakeCore(name, identity)
         self.cores.append(core)
-        return Opened(core, identity, f"{name}:{identity}")
+        return Opened(core, identity, f"{name}:{identity}", self.size.get(name, 0))
 
 
 class Events(SetEvents):
@@ -88,11 +89,11 @@ def entries(*names: str) -> dict[str, Entry]:
 
 
 def run(world: World, names: list[str], body: Callable[[Sets, Events], Awaitable[None]],
-        max_open: int = 8) -> None:
+        max_open: int = 8, max_bytes: int = 0) -> None:
     async def main() -> None:
         events = Events()
         sets = Sets(entries(*names), open_set=world.open_set, identify=world.identify,
-                    max_open=max_open, events=events)
+                    max_open=max_open, events=events, max_bytes=max_bytes)
         async with trio.open_nursery() as nursery:
             sets.attach(nursery, None)
             await body(sets, events)
@@ -175,7 +176,7 @@ def test_a_changed_set_is_swapped_in_and_open_files_keep_the_old_version() -> No
     run(world, ["a"], body)
 
 
-def test_a_new_version_that_fails_keeps_the_last_good_one_with_the_error() -> None:
+def test_a_new_version_that_fails_keeps_the_last_good_one_with_the_error(caplog) -> None:
     world = World(["a"])
 
     async def body(sets: Sets, events: Events) -> None:
@@ -184,8 +185,9 @@ def test_a_new_version_that_fails_keeps_the_last_good_one_with_the_error() -> No
         world.broken.add(("a", "v2"))
         assert await sets.check() == 0
         s = slot(sets, "a")
-        assert s.current is good and "bad JSON" in (s.error or "")
-        assert "bad JSON" in sets.describe()["set_states"]["a"]["error"]
+        assert s.current is good and s.error == OPEN_FAILED  # a fixed text: why is in the log
+        assert sets.describe()["set_states"]["a"]["error"] == OPEN_FAILED
+        assert "set a: cannot be opened: /data/a.json: not a reference set (bad JSON" in caplog.text
         tries = len(world.opened)
         assert await sets.check() == 0 and len(world.opened) == tries  # not indexed again
         world.identity["a"] = "v3"
@@ -194,15 +196,17 @@ def test_a_new_version_that_fails_keeps_the_last_good_one_with_the_error() -> No
     run(world, ["a"], body)
 
 
-def test_a_set_that_cannot_be_opened_says_why_without_indexing_again() -> None:
+def test_a_set_that_cannot_be_opened_says_why_without_indexing_again(caplog) -> None:
     world = World(["a"])
     world.broken.add(("a", "v1"))
 
     async def body(sets: Sets, events: Events) -> None:
         for _ in range(3):
-            with pytest.raises(SetUnavailable, match="bad JSON"):
+            with pytest.raises(SetUnavailable) as refused:
                 await sets.get(slot(sets, "a").vid)
+            assert str(refused.value) == OPEN_FAILED
         assert world.opened == [("a", "v1")]
+        assert caplog.text.count("bad JSON") == 1  # logged once
         world.identity["a"] = "v2"  # fixed
         assert await sets.get(slot(sets, "a").vid) is not None
 
@@ -237,7 +241,7 @@ def test_catalogue_updates_add_remove_and_reindex_changed_entries() -> None:
     run(world, ["a", "b", "c"], body)
 
 
-def test_reloader_checks_when_poked_and_keeps_the_sets_when_the_catalogue_fails() -> None:
+def test_reloader_checks_when_poked_and_keeps_the_sets_when_the_catalogue_fails(caplog) -> None:
     world = World(["a"])
     catalogue: dict[str, Any] = {"entries": entries("a"), "fail": False}
 
@@ -260,7 +264,8 @@ def test_reloader_checks_when_poked_and_keeps_the_sets_when_the_catalogue_fails(
             done = reloader.done
             reloader.poke()
             await done.wait()
-            assert sets.names() == ["a"] and "not JSON" in reloader.describe()["catalog_error"]
+            assert sets.names() == ["a"] and reloader.describe()["catalog_error"] == CATALOG_UNREADABLE
+            assert caplog.text.count("catalogue.json: not JSON") == 1
             catalogue["fail"] = False
             world.identity["b"] = "v1"
             catalogue["entries"] = entries("a", "b")
@@ -339,3 +344,30 @@ def test_indexer_processes_stay_for_the_next_set_and_say_why_one_failed(tmp_path
     finally:
         processes.close()
     assert indexers() == []
+
+
+def test_sets_in_use_count_against_the_memory_bound() -> None:
+    """max_open_memory counts every open set, those in use included: just under it a set
+    opens (idle ones closed first, least recently used); a set that would pass it while the
+    others are in use is refused (a fixed text) and opens once one of them is idle."""
+    from refmount.sets.opensets import TOO_MUCH_OPEN
+
+    world = World(["a", "b", "c", "d"])
+    world.size = {"a": 40, "b": 40, "c": 20, "d": 30}
+
+    async def body(sets: Sets, events: Events) -> None:
+        a = await sets.open(slot(sets, "a"))
+        sets.hold(a)
+        b = await sets.open(slot(sets, "b"))
+        sets.hold(b)
+        c = await sets.open(slot(sets, "c"))  # 100 of 100: just fits
+        assert sets.held_bytes == 100 and c.core.started
+        with pytest.raises(SetUnavailable) as refused:  # d: 80 in use + 30 > 100 (c left open)
+            await sets.open(slot(sets, "d"))
+        assert str(refused.value) == TOO_MUCH_OPEN and slot(sets, "c").current is c
+        assert sets.held_bytes == 100 and slot(sets, "d").current is None
+        sets.drop(a)  # idle now: closed for d
+        d = await sets.open(slot(sets, "d"))  # a (least recently used) closed; c still fits
+        assert d.core.started and slot(sets, "a").current is None and sets.held_bytes == 90
+
+    run(world, ["a", "b", "c", "d"], body, max_bytes=100)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -142,6 +144,25 @@ def test_a_failing_command_says_its_status_and_the_redacted_end_of_stderr(tmp_pa
     assert str(info.value) == f"{shown_command(argv)} failed (exit status 3)"
     detail = info.value.detail  # type: ignore[attr-defined]
     assert detail == "login failed: token=*** refused"
+
+
+@pytest.mark.parametrize("line, shown", [
+    ("curl: (22) 401 for Authorization: Bearer {s}", "curl: (22) 401 for Authorization: ***"),
+    ("sent header 'Authorization: token {s}'", "sent header 'Authorization: ***'"),
+    ("refusing Bearer {s} (expired)", "refusing Bearer *** (expired)"),
+    ("gh: token {s} has no scope", "gh: token *** has no scope"),
+    ("proxy said: Basic {s}", "proxy said: Basic ***"),
+])
+def test_http_credentials_on_stderr_are_redacted(tmp_path: Path, line: str, shown: str) -> None:
+    """The last line of stderr reaches the log: Authorization headers and Bearer, Basic and
+    token credentials in it are redacted like URL credentials."""
+    argv = script(tmp_path, f"""
+        print({line.format(s=SECRET)!r}, file=sys.stderr)
+        sys.exit(1)
+    """)
+    with pytest.raises(Exception) as info:
+        trio.run(run_command, argv)
+    assert info.value.detail == shown  # type: ignore[attr-defined]
 
 
 def test_a_command_is_named_whole_when_short_and_cut_at_100_characters_when_long() -> None:
@@ -539,3 +560,64 @@ def test_commands_by_absolute_path_or_on_path_are_taken(tmp_path: Path) -> None:
              {"prefix": "s3://b", "credentials": {"process": [sys.executable, "x.py"]}}]
     apply_command_options(cfg, ["targets=" + json.dumps(rules)])
     assert cfg.targets == rules
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _gone_soon(pid: int, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+SETSID_CHILD = """
+    import subprocess
+    p = subprocess.Popen([sys.executable, "-c",
+                          "import os, time; os.setsid(); time.sleep(60)"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    open({pidfile!r}, "w").write(str(p.pid))
+    time.sleep(0.3)  # its setsid done: in a session of its own
+    print("{{}}", flush=True)
+    time.sleep({sleep})
+"""
+
+
+@pytest.mark.parametrize("how", ["exits", "timeout", "cancelled", "server-killed"])
+def test_a_setsid_child_never_outlives_the_command(tmp_path: Path, how: str) -> None:
+    """A credential command starts a child that leaves its session and process group
+    (``setsid``): the child ends with the command whether it exits, runs past its timeout,
+    is cancelled (the server stopping), or the serving process itself is killed."""
+    pidfile = str(tmp_path / "child.pid")
+    argv = script(tmp_path, SETSID_CHILD.format(pidfile=pidfile, sleep=0 if how == "exits" else 60))
+    if how == "exits":
+        assert trio.run(run_command, argv).strip() == b"{}"
+    elif how == "timeout":
+        with pytest.raises(Exception, match="did not finish within 2 s"):
+            trio.run(lambda: run_command(argv, timeout=2.0))
+    elif how == "cancelled":
+        async def cancelled() -> None:
+            with trio.move_on_after(2):
+                await run_command(argv, timeout=30)
+        trio.run(cancelled)
+    else:  # a serving process running the command, killed outright meanwhile
+        server = subprocess.Popen([sys.executable, "-c", (
+            "import sys, trio; from refmount.targets.credentials import run_command; "
+            f"trio.run(lambda: run_command({argv!r}, timeout=60))")],
+            cwd=Path(__file__).parents[3])
+        deadline = time.monotonic() + 20
+        while not os.path.exists(pidfile) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        server.kill()
+        server.wait()
+    pid = int(Path(pidfile).read_text())
+    assert _gone_soon(pid), f"the setsid child {pid} outlived the command ({how})"

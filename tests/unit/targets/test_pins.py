@@ -59,6 +59,14 @@ def test_a_pin_file_round_trips_atomically_and_privately(tmp_path) -> None:
     (doc({SECRET_URL: {"size": 1, "etag": 5}}), '"etag" must be a string'),
     (doc({SECRET_URL: {"size": 1, "mtime_ns": "x"}}), '"mtime_ns" must be an integer'),
     (doc({SECRET_URL: 3}), "must be an object"),
+    (doc({SECRET_URL: {"size": [1]}}), "nested deeper than 3 levels"),
+    (doc({SECRET_URL: {"size": {"a": 1}}}), "nested deeper than 3 levels"),
+    ('{"format": "' + PIN_FORMAT + '", "targets": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "nested deeper than 3 levels"),
+    (doc({SECRET_URL: {"size": 1}})[:-2] + ', "x": ' + "9" * 5000 + "}}", "not valid JSON"),
+    ('{"format": "' + PIN_FORMAT + '", "n": ' + "9" * 5000 + ', "targets": {}}', "not valid JSON"),
+    ('{"format": "' + PIN_FORMAT + '", "targets": {"u": {"size": 1' + "0" * 5000 + "}}}", "not valid JSON"),
+    ('"just text"', "not a refmount pin file"),
 ])
 def test_a_malformed_pin_file_is_one_line_naming_the_problem(text: str, words: str) -> None:
     with pytest.raises(ConfigError) as e:
@@ -215,3 +223,47 @@ def test_a_pinned_fetcher_refuses_a_rewritten_local_target_and_asks_it_no_more(t
     assert all(isinstance(g, str) and "not the pinned version" in g for g in got[2:]), got
     assert stats.pin_refusals == 3 and stats.pinned_targets_changed == 1
     assert stats.retries == 0  # a changed version is not retried
+
+
+def test_a_pin_file_is_parsed_as_it_streams_within_its_bound(tmp_path, monkeypatch) -> None:
+    """Just under the bound (64 MiB, made 16 MiB here to keep the test short): parsed, memory
+    the pins (not the text and a parse of it whole); just over: refused before it is read;
+    /dev/zero and a FIFO at once."""
+    import resource
+    import time
+
+    import refmount.targets.pins
+
+    assert refmount.targets.pins.MAX_PIN_FILE == 64 << 20
+    MAX_PIN_FILE = 16 << 20
+    monkeypatch.setattr(refmount.targets.pins, "MAX_PIN_FILE", MAX_PIN_FILE)
+
+    entry = ', "http://h.example/data/%09d.nc": {"etag": "\\"0123456789abcdef\\"", "size": 123456789}'
+    n = (MAX_PIN_FILE - 200) // len(entry % 0)
+    path = tmp_path / "pins.json"
+    with open(path, "w") as f:
+        f.write('{"format": "' + PIN_FORMAT + '", "targets": {"first": {"size": 1}')
+        for i in range(n):
+            f.write(entry % i)
+        f.write("}}")
+    size = path.stat().st_size
+    assert MAX_PIN_FILE - 400 < size <= MAX_PIN_FILE, size
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+    pins = read_pins(str(path))
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10) - before
+    assert len(pins) == n + 1 and pins["http://h.example/data/000000007.nc"].size == 123456789
+    # the pins themselves take about 4 times the file's size; the text whole and json.loads'
+    # objects of it (as the file used to be read, up to 1 GiB) took about 7 times
+    assert grown < 5 * size, grown
+    with open(path, "a") as f:
+        f.write(" " * (MAX_PIN_FILE - size + 1))
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"^pins: .* is larger than 16 MiB \("):
+        read_pins(str(path))
+    with pytest.raises(ConfigError, match=r"^pins: /dev/zero is not a regular file$"):
+        read_pins("/dev/zero")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        read_pins(str(fifo))
+    assert time.monotonic() - t0 < 1

@@ -436,3 +436,38 @@ def test_rules_without_secret_options_give_no_credentials_warning() -> None:
     assert secrets_in(["-o", f"targets={keyed}"]) == ["inline remote_options/target_options JSON"]
     with_password = json.dumps([{"prefix": "/glade/", "rewrite": "https://u:pw@a.org/"}])
     assert secrets_in(["-o", f"targets={with_password}"]) == ["a password, token or signature"]
+
+
+def test_rules_match_the_url_as_its_client_sends_it() -> None:
+    """Escaped dots, dot segments, the case of scheme and host and default ports: a target is
+    matched as aiohttp (yarl) or a server would read it, for every protocol; one that would be
+    requested outside a prefix is matched by no rule."""
+    r = rules({"prefix": "http://H.example/pub/", "options": {"headers": {"Authorization": "x"}}},
+              {"prefix": "s3://bkt/pub/", "options": {"key": "k"}},
+              {"prefix": "https://m.example/a", "rewrite": "https://n.example/b"})
+    for climbing in ("http://H.example/pub/%2e%2e/obj", "http://h.example/pub/.%2e/obj",
+                     "http://h.example/pub/%2E%2E/obj", "http://h.example/pub/%2e./obj",
+                     "http://h.example/pub/x/%2e%2e/%2e%2e/obj", "http://h.example/pub/..%2fobj",
+                     "http://h.example/pub/..%5Cobj", "http://h.example/pub/..\\obj",
+                     "s3://bkt/pub/%2e%2e/other", "s3://bkt/pub/..%2Fother"):
+        assert r.match(climbing) is None, climbing
+    for inside in ("http://h.example/pub/x", "HTTP://H.EXAMPLE/pub/x", "http://h.example:80/pub/x",
+                   "http://h.example/p%75b/x", "http://h.example/pub/./x", "http://h.example/pub/%2e/x",
+                   "http://h.example/pub/x%2e%2e", "http://h.example/pub/a..b/c"):
+        assert r.match(inside).number == 1, inside
+    assert r.match("http://h.example:8080/pub/x") is None  # another port: another server
+    assert r.match("https://h.example/pub/x") is None  # another scheme
+    assert r.match("S3://bkt/pub/x").number == 2
+    # a rewrite continues from the URL as it is sent
+    assert r.route("HTTPS://M.example:443/a/%7Ex").urls == ("https://n.example/b/~x",)
+    assert r.route("https://m.example/a/%2e%2e/x").urls == ("https://m.example/a/%2e%2e/x",)
+
+
+def test_normal_url_keeps_what_a_client_keeps() -> None:
+    from refmount.base.urls import climbs, normal_url
+
+    assert normal_url("HTTPS://user:P%40ss@Host.Example:443/a/%7e%2F%2fb?q=%2e#f") == \
+        "https://user:P%40ss@host.example/a/~%2F%2Fb?q=.#f"
+    assert normal_url("ftp://h:21/x") == "ftp://h/x" and normal_url("s3://b:21/x") == "s3://b:21/x"
+    assert normal_url("/local/%2e%2e/x") == "/local/%2e%2e/x"  # local paths: as they are
+    assert climbs("a/%2E%2e") and climbs("..%2f") and not climbs("a..b/c") and not climbs("x?q=/../")
