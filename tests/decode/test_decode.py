@@ -8,7 +8,6 @@ import errno
 import json
 import os
 import re
-import shutil
 import subprocess
 import zlib
 from pathlib import Path
@@ -18,6 +17,8 @@ import numcodecs
 import numpy as np
 import pytest
 import xarray as xr
+from support.clients import run_client as run
+from support.clients import zarr_url as url
 from support.datasets import write_json
 from support.mounts import run_cli
 from support.xrcompare import netcdf_dims
@@ -25,18 +26,6 @@ from support.xrcompare import netcdf_dims
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(240)]
 
 GDAL_ENV = {**os.environ, "GDAL_PAM_ENABLED": "NO"}  # no .aux.xml next to a read-only mount
-
-
-def url(mnt) -> str:
-    return f"file://{mnt}#mode=zarr,file"
-
-
-def run(*args: str, env=None) -> str:
-    exe = shutil.which(args[0])
-    assert exe, f"{args[0]} is not installed (scripts/setup.sh installs it)"
-    r = subprocess.run([exe, *args[1:]], capture_output=True, text=True, timeout=60, env=env)
-    assert r.returncode == 0, f"{' '.join(args)} failed ({r.returncode}): {r.stderr[-2000:]}"
-    return r.stdout
 
 
 def ncdump_values(mnt, var: str) -> list[str]:

@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import netCDF4
@@ -28,6 +26,8 @@ import numpy as np
 import pytest
 import xarray as xr
 from support.cfcorpus import build
+from support.clients import run_client as run
+from support.clients import zarr_url
 from support.mounts import LIVE_MOUNTERS, Mounter, warn_problems
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]
@@ -56,15 +56,7 @@ def cf(tmp_path_factory):
 
 
 def url(m) -> str:
-    return f"file://{m.path}#mode=zarr,file"
-
-
-def run(*args: str) -> str:
-    exe = shutil.which(args[0])
-    assert exe, f"{args[0]} is not installed (scripts/setup.sh installs it)"
-    r = subprocess.run([exe, *args[1:]], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, f"{' '.join(args)} failed ({r.returncode}): {r.stderr[-2000:]}"
-    return r.stdout
+    return zarr_url(m.path)
 
 
 def variables(path: Path) -> list[str]:

@@ -13,14 +13,14 @@ treat as missing exactly what xarray treats as missing through the mount.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import netCDF4
 import numpy as np
 import pytest
 import xarray as xr
+from support.clients import run_client as run
+from support.clients import zarr_url as url
 from support.xrcompare import netcdf_dims
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(240)]
@@ -29,18 +29,6 @@ SETS = ["nc4_local", "nc3_local", "h5_local", "combined_local"]
 # (set, variable): the value the reference set records as fill value although netCDF-C does not
 # treat it as missing in the original (netCDF3 missing_value only; HDF5's default fill value)
 NOT_A_NETCDF_FILL = {("nc3_local", "wind"): -99.0, ("h5_local", "default_fill"): 0.0}
-
-
-def url(mnt) -> str:
-    return f"file://{mnt}#mode=zarr,file"
-
-
-def run(*args: str) -> str:
-    exe = shutil.which(args[0])
-    assert exe, f"{args[0]} is not installed (scripts/setup.sh installs it)"
-    r = subprocess.run([exe, *args[1:]], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, f"{' '.join(args)} failed ({r.returncode}): {r.stderr[-2000:]}"
-    return r.stdout
 
 
 def originals(datasets, name: str) -> list[Path]:

@@ -19,6 +19,7 @@ import numpy as np
 import psutil
 import pytest
 import xarray as xr
+from support.clients import run_client
 from support.datasets import write_json
 from support.faultserver import Fault
 from support.mounts import CLI, cli_env, run_cli
@@ -71,11 +72,7 @@ def test_xarray_over_http_equals_the_original(serve, datasets, decode):
 
 
 def gdal(*args: str) -> str:
-    exe = shutil.which(args[0])
-    assert exe, f"{args[0]} is not installed (scripts/setup.sh installs it)"
-    r = subprocess.run([exe, *args[1:]], capture_output=True, text=True, timeout=120, env=GDAL_ENV)
-    assert r.returncode == 0, f"{' '.join(args)} failed ({r.returncode}): {r.stderr[-2000:]}"
-    return r.stdout
+    return run_client(*args, env=GDAL_ENV)
 
 
 def test_serving_compressed_arrays_without_decode_says_how_to_serve_them_decoded(serve, datasets):
