@@ -106,6 +106,7 @@ def netcdf_array(meta: Any) -> NcArray:
         return NcArray(None, "order F (netCDF-C's zarr reader reads every array in C order)")
     out = dict(meta)
     out["dtype"] = dtype
+    out.setdefault("fill_value", None)  # zarr's default when a .zarray names none
     strlen = 0
     if dtype == CHAR and meta.get("dtype") not in ("|S1", "S1", ">S1", "<S1"):
         strlen = np.dtype(meta["dtype"]).itemsize

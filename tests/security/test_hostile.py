@@ -123,13 +123,17 @@ def test_malformed_json_and_non_object_top_level(mount_fails, tmp_path):
     expect_errors(mount_fails, cases)
 
 
-def test_version_other_than_1(mount_fails, tmp_path):
-    versions = {"2": 2, "0": 0, "string-1": "1", "null": None, "true": True, "float-1.5": 1.5}
+def test_version_other_than_0_or_1(mount_fails, tmp_path):
+    """Version 1, or Version 0 written with its number (``{"version": 0, "refs": …}``, nothing
+    of Version 1's beside it): anything else is refused naming the version."""
+    versions = {"2": 2, "string-1": "1", "null": None, "true": True, "float-1.5": 1.5}
     cases = {
         name: (write(tmp_path / f"ver-{i}.json", {"version": v, "refs": {"a": "b"}}), (),
                ("version",))
         for i, (name, v) in enumerate(versions.items())
     }
+    cases["0-with-templates"] = (write(tmp_path / "ver-0t.json", {
+        "version": 0, "templates": {"u": "x"}, "refs": {"a": "b"}}), (), ("version 0", "templates"))
     expect_errors(mount_fails, cases)
 
 

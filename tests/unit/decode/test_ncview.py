@@ -84,3 +84,13 @@ def test_fixed_width_strings_are_char_with_a_string_length_dimension():
     assert "dimension_separator" in netcdf_array(slash).why
     scalar = netcdf_array(zarray("|S3", shape=(), chunks=()))
     assert scalar.zarray["shape"] == [3] and not scalar.scalar
+
+
+def test_a_zarray_naming_no_fill_value_is_shown_with_none():
+    """A ``.zarray`` without ``fill_value`` (zarr's default: none): the view is built, the array
+    shown with ``null``, and an empty ``.zarray`` is left out with a reason (never an error)."""
+    meta = {"shape": [1], "chunks": [1], "dtype": "<f4"}
+    assert netcdf_array(meta).zarray["fill_value"] is None
+    view = view_of({"v": meta, "e": {}})
+    assert json.loads(view.metadata("v/.zarray"))["fill_value"] is None
+    assert "e" in view.left_out
