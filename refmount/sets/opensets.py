@@ -582,7 +582,7 @@ def set_config(cfg: Any, entry: Any) -> Any:
     from refmount.base.errors import ConfigError
     from refmount.base.urls import is_local, local_path
     from refmount.config import OPTIONS_BY_NAME, Flag, apply_options
-    from refmount.sets.catalog import PER_SET_OPTIONS
+    from refmount.sets.setoptions import PER_SET_OPTIONS
 
     source = entry.source
     if is_local(source):
