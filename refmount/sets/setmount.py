@@ -20,8 +20,10 @@ from refmount.base.stats import Stats
 from refmount.config import MountConfig
 from refmount.refs import IndexFile
 from refmount.serving.indexer import IndexerProcesses
-from refmount.sets.opensets import Opened, Sets, index_and_build
+from refmount.sets.opensets import Sets
 from refmount.sets.reload import Reloader, watch_signals
+from refmount.sets.setopener import index_and_build
+from refmount.sets.setslots import Opened
 
 log = logging.getLogger("refmount")
 
