@@ -3,6 +3,7 @@
 * ``MountError``: the mount cannot be made (mountpoint, FUSE, daemon start-up). The message is
   the user's one line (``refmount: error: ...``); no mount is left behind.
 * ``ConfigError``: a mount option or the command line is wrong; also one line for the user.
+* ``CatalogError``: a catalogue (``sets/catalog.py``) or a set's identity cannot be read; one line.
 * ``ReadError``: one read (or stat, or open) of one file in the mount failed. The FUSE
   operations reply with its ``reply_errno`` and the rest of the mount keeps answering.
   ``FetchError`` (the bytes of a target could not be had) and the decoded view's
@@ -25,6 +26,10 @@ class MountError(RuntimeError):
 
 class ConfigError(ValueError):
     """A bad mount option or command line; the message names the option and the problem."""
+
+
+class CatalogError(ValueError):
+    """The catalogue cannot be read; ``str()`` is one line naming the problem and the remedy."""
 
 
 class ReadError(Exception):

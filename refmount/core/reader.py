@@ -25,15 +25,8 @@ from refmount.cache.blocks import Block, DiskCache, MemoryLRU
 from refmount.cache.writer import CacheWriter
 from refmount.core.blockstore import BlockKey, BlockStore, block_of
 from refmount.core.gridblocks import GridBlocks
-from refmount.core.readahead import (
-    AcrossKeys,
-    HandleReadahead,
-    OpenFile,
-    OrderDetector,
-    ReadState,
-    TargetRead,
-    TargetReadahead,
-)
+from refmount.core.readahead import HandleReadahead, OpenFile, OrderDetector, ReadState
+from refmount.core.targetreadahead import AcrossKeys, TargetRead, TargetReadahead
 from refmount.core.targetsizes import TargetSizes
 from refmount.refs import Ref, RefKind
 from refmount.targets.fetch import Fetcher

@@ -27,7 +27,8 @@ from refmount.base.stats import Stats
 from refmount.fuse.inodes import ROOT, InodeTable, VersionInodes
 from refmount.fuse.operations import XATTR_PREFIX, RefFS, _guard
 from refmount.fuse.pagepush import PagePusher
-from refmount.sets.opensets import SetEvents, Sets, SetSlot, SetUnavailable, SetVersion
+from refmount.sets.opensets import Sets
+from refmount.sets.setslots import SetEvents, SetSlot, SetUnavailable, SetVersion
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,7 @@ The server is aiohttp's low-level server on the asyncio loop trio runs as a gues
 (``guestloop``): each request is an asyncio task. What needs no I/O (the tree answering from
 its index, a size known, bytes in memory) is answered there by the same lookups
 (``_plan_now``); the rest calls the core in trio through ``triocall.TrioCaller`` (``_plan``).
+Both, and the reads of a body's pieces, are ``PathPlanner``'s (``http/pathplan.py``).
 
 What a response promises (docs/semantics.md, "The HTTP view"):
 
@@ -43,28 +44,11 @@ from aiohttp.web_request import BaseRequest
 
 from refmount.base.errors import FetchError, ReadError
 from refmount.base.triocall import TrioCaller, TrioGone
-from refmount.core.consolidated import (
-    MAX_BYTES,
-    MAX_VALUES,
-    METADATA_NAMES,
-    ConsolidationRefused,
-    consolidation,
-)
-from refmount.core.reader import ReadState
 from refmount.core.setcore import SetCore
-from refmount.decode.codecplan import DecodedArray
 from refmount.http import listing
 from refmount.http.cors import cors_headers, preflight_headers
-from refmount.http.ranges import (
-    RangeNotSatisfiable,
-    content_range,
-    if_range_matches,
-    parse_range,
-    unsatisfied_range,
-)
-from refmount.http.validators import etag_for, is_not_modified, last_modified, ref_parts
-from refmount.refs import Ref, RefKind
-from refmount.refs.tree import Node
+from refmount.http.pathplan import READ_PIECE, Found, NeedsTrio, PathPlanner, Plan, Unavailable
+from refmount.http.validators import last_modified
 from refmount.targets.filesystems import await_task
 
 log = logging.getLogger(__name__)
@@ -72,7 +56,6 @@ log = logging.getLogger(__name__)
 __all__ = ["STATS_PATH", "HttpFrontEnd", "ServerStats"]
 
 LISTING_BATCH = 1024  # directory entries taken from the tree at a time
-READ_PIECE = 1 << 20  # bytes asked of the reader at a time
 WRITE_PIECE = 1 << 18  # bytes handed to the transport at a time (a slow client holds ~this)
 CONDITION_HEADERS = ("Range", "If-Range", "If-None-Match", "If-Modified-Since")
 STATS_PATH = "/.refmount/stats"  # the server's counters (JSON); never a key of the set
@@ -98,36 +81,6 @@ class ServerStats:
         self.http_status[key] = self.http_status.get(key, 0) + 1
 
 
-@dataclass
-class _Found:
-    """What a path names: a directory, or a file with its served size."""
-
-    key: str
-    node: Node | None  # None: the synthesized .zmetadata
-    is_dir: bool
-    size: int = 0
-    ref: Ref | None = None
-    array: DecodedArray | None = None
-    data: bytes | None = None  # served as is (the synthesized .zmetadata)
-
-
-@dataclass
-class _Plan:
-    """The answer to a request for a path, decided in trio (``HttpFrontEnd._plan``)."""
-
-    found: _Found
-    status: int
-    headers: dict[str, str]
-    start: int = 0
-    stop: int = 0
-    first: bytes | memoryview | None = None  # the first piece of a GET's body
-    error: ReadError | None = None  # the first piece (or the size) could not be had
-    state: ReadState = field(default_factory=ReadState)
-
-
-class _Unavailable(Exception):
-    """What the server would synthesize for this path is past its bounds: a 503."""
-
 
 class _BadPath(Exception):
     pass
@@ -140,16 +93,6 @@ class Router(Protocol):
                      raw: str) -> web.StreamResponse: ...
 
     def counters(self, front: HttpFrontEnd) -> dict[str, Any]: ...
-
-
-class _NeedsTrio(Exception):
-    """The answer needs I/O or waiting (a lookup that may load, a size to measure, bytes
-    not in memory, a decoded chunk): it is planned in trio. ``ref``: a key whose bytes may
-    be coming in a stretch read ahead (waited for on the loop first)."""
-
-    def __init__(self, ref: Ref | None = None) -> None:
-        super().__init__()
-        self.ref = ref
 
 
 def _split_path(raw: str) -> list[bytes]:
@@ -165,14 +108,7 @@ def _split_path(raw: str) -> list[bytes]:
     return parts
 
 
-def _content_type(key: str) -> str:
-    name = key.rpartition("/")[2]
-    if name in (*METADATA_NAMES, ".zmetadata") or name.endswith(".json"):
-        return "application/json"
-    return "application/octet-stream"
-
-
-class HttpFrontEnd:
+class HttpFrontEnd(PathPlanner):
     """The request handler of one set's HTTP server (``handle``), plus the pieces the
     serving process wires into aiohttp (``server``, ``protocol_factory``)."""
 
@@ -270,7 +206,7 @@ class HttpFrontEnd:
         conditions = {name: request.headers.get(name) for name in CONDITION_HEADERS}
         try:
             return await self._answer_parts(request, headers, raw, parts, conditions, prefix)
-        except _Unavailable:
+        except Unavailable:
             return self._plain(503, headers, UNAVAILABLE)
 
     async def _answer_parts(self, request: BaseRequest, headers: dict[str, str], raw: str,
@@ -279,13 +215,13 @@ class HttpFrontEnd:
         method = request.method
         try:  # answered here when no I/O is needed (a HEAD, a 304, a 404, bytes in memory)
             plan = self._plan_now(parts, method, conditions)
-        except _NeedsTrio as needs:
+        except NeedsTrio as needs:
             try:  # bytes coming in a stretch read ahead: waited for here, then answered here
                 if needs.ref is None or not await self._arrived(needs.ref):
                     raise
                 plan = self._plan_now(parts, method, conditions)
                 self.stats.http_waited_on_loop += 1
-            except _NeedsTrio:
+            except NeedsTrio:
                 self.stats.http_planned_in_trio += 1
                 try:  # one call into trio: the lookup and, for a GET, the first piece of the body
                     plan = await self.caller.call(self._plan, parts, method, conditions)
@@ -308,32 +244,7 @@ class HttpFrontEnd:
                                                                   self.token.encode())
 
     # ---- files -------------------------------------------------------------------------------
-    def _decide(self, found: _Found, method: str, conditions: dict[str, str | None]) -> _Plan:
-        """Status, headers and byte range of the answer for a file whose size is known."""
-        size = found.size
-        if found.ref is not None:
-            etag = etag_for(ref_parts(found.ref, set_identity=self._identity, mtime_ns=self.core.mtime_ns,
-                                      decoded=found.array is not None, size=size))
-        else:  # the synthesized .zmetadata: its bytes
-            etag = etag_for(b"refmount-zmetadata\0" + self._identity.encode() + b"\0" + (found.data or b""))
-        headers = {"ETag": etag, "Last-Modified": self._last_modified, "Accept-Ranges": "bytes",
-                   "Cache-Control": self.cache_control, "Content-Type": _content_type(found.key)}
-        if is_not_modified(method, if_none_match=conditions["If-None-Match"],
-                           if_modified_since=conditions["If-Modified-Since"], etag=etag, mtime=self._mtime):
-            return _Plan(found, 304, headers)
-        status, start, stop = 200, 0, size
-        if if_range_matches(conditions["If-Range"], etag):
-            try:
-                wanted = parse_range(conditions["Range"], size)
-            except RangeNotSatisfiable:
-                headers["Content-Range"] = unsatisfied_range(size)
-                return _Plan(found, 416, headers)
-            if wanted is not None:
-                status, start, stop = 206, wanted.start, wanted.stop
-                headers["Content-Range"] = content_range(wanted, size)
-        return _Plan(found, status, headers, start, stop)
-
-    async def _file(self, request: BaseRequest, plan: _Plan, headers: dict[str, str]) -> web.StreamResponse:
+    async def _file(self, request: BaseRequest, plan: Plan, headers: dict[str, str]) -> web.StreamResponse:
         found, status, start, stop = plan.found, plan.status, plan.start, plan.stop
         if plan.error is not None:  # the size or the first piece failed: a 502/504, no cut
             return self._failed(found.key, plan.error, headers)
@@ -426,7 +337,7 @@ class HttpFrontEnd:
         return self._plain(502, headers, "a target of this key could not be read")
 
     # ---- directories -------------------------------------------------------------------------
-    async def _listing(self, request: BaseRequest, found: _Found,
+    async def _listing(self, request: BaseRequest, found: Found,
                        headers: dict[str, str], prefix: str = "") -> web.StreamResponse:
         """A listing streamed as the tree gives its entries (memory bounded by a batch of
         entries and a piece of the page, whatever the directory's size)."""
@@ -450,178 +361,7 @@ class HttpFrontEnd:
         await response.write_eof()
         return response
 
-    # ---- trio side: the core's calls ---------------------------------------------------------
-    async def _find(self, parts: list[bytes]) -> _Found | None:
-        tree = self.core.tree
-        node: Node | None = tree.root
-        names = parts[:-1] if parts[-1] == b"" else parts
-        for name in names:
-            assert node is not None
-            if not node.is_dir:
-                return None
-            node = await tree.lookup(node, name)
-            if node is None:
-                if names == [b".zmetadata"]:
-                    data = await self._synthesized_zmetadata()
-                    if data is None:
-                        raise _Unavailable
-                    return _Found(".zmetadata", None, False, len(data), data=data)
-                return None
-        assert node is not None
-        key = tree.path(node).decode("utf-8", "surrogateescape")
-        if node.is_dir:
-            return _Found(key, node, True)
-        if parts[-1] == b"":
-            return None  # a file named as a directory
-        ref = await tree.ref(node)
-        size = await tree.size(node)
-        array = self.core.array(node)
-        if array is None and size < 0:  # a whole-file target not yet measured: its size (no bytes fetched)
-            size = await self.core.reader.size(ref)
-        return self._file_found(key, node, ref, size, array)
-
-    def _find_now(self, parts: list[bytes]) -> _Found | None:
-        """``_find`` without I/O, for a tree that answers from its index (``core.key_tree``);
-        ``_NeedsTrio`` when the answer needs more."""
-        tree = self.core.key_tree
-        if tree is None:
-            raise _NeedsTrio
-        node: Node | None = tree.root
-        names = parts[:-1] if parts[-1] == b"" else parts
-        for name in names:
-            assert node is not None
-            if not node.is_dir:
-                return None
-            node = tree.find(node, name)
-            if node is None:
-                if names == [b".zmetadata"]:
-                    if self._zmetadata_refused:
-                        raise _Unavailable
-                    if self._zmetadata is None:
-                        raise _NeedsTrio  # made once, in a worker thread
-                    return _Found(".zmetadata", None, False, len(self._zmetadata), data=self._zmetadata)
-                return None
-        assert node is not None
-        key = tree.path(node).decode("utf-8", "surrogateescape")
-        if node.is_dir:
-            return _Found(key, node, True)
-        if parts[-1] == b"":
-            return None  # a file named as a directory
-        size = tree.size_now(node)
-        if size < 0:
-            raise _NeedsTrio  # a whole-file target to measure
-        return self._file_found(key, node, tree.ref_now(node), size, None)
-
-    def _file_found(self, key: str, node: Node, ref: Ref, size: int, array: DecodedArray | None) -> _Found:
-        """A file with its served size: a range running past the end of its target (when
-        that is known) serves the bytes that exist."""
-        if array is None and ref.kind is RefKind.RANGE:
-            clipped = self.core.reader.clipped(ref)
-            size = size if clipped is None else clipped
-        return _Found(key, node, False, size, ref, array)
-
-    async def _plan(self, parts: list[bytes], method: str, conditions: dict[str, str | None]) -> _Plan | None:
-        """In trio: the node of ``parts`` and, for a file, the answer; for a GET, the size
-        settled and the first piece of the body read (a failure there is the plan's
-        ``error``: the headers are not sent yet)."""
-        found = await self._find(parts)
-        if found is None or found.is_dir:
-            return None if found is None else _Plan(found, 200, {})
-        get = method == "GET"
-        if get and found.ref is not None and found.array is None and found.ref.kind is RefKind.RANGE:
-            # A range running past the end of its target is served as the bytes that exist
-            # (as st_size in a mount): found out before the headers, which carry the size.
-            try:
-                found.size = await self._settle(found.ref)
-            except ReadError as e:
-                plan = self._decide(found, method, conditions)
-                plan.error = e
-                return plan
-        plan = self._decide(found, method, conditions)
-        if get and plan.status in (200, 206) and plan.start < plan.stop:
-            # The first piece before the headers: a target that fails now is a 502, not a cut.
-            try:
-                plan.first = await self._read(found, plan.start, min(plan.stop - plan.start, READ_PIECE),
-                                              plan.state)
-            except ReadError as e:
-                plan.error = e
-        return plan
-
-    def _plan_now(self, parts: list[bytes], method: str, conditions: dict[str, str | None]) -> _Plan | None:
-        """``_plan`` answered on the asyncio loop, with no call into trio, when it needs no
-        I/O: the tree answers from its index, the size is known and, for a GET, the first
-        piece of the body is in memory; ``_NeedsTrio`` otherwise."""
-        found = self._find_now(parts)
-        if found is None or found.is_dir:
-            return None if found is None else _Plan(found, 200, {})
-        get = method == "GET"
-        if get and found.ref is not None and found.ref.kind is RefKind.RANGE:
-            if not self.core.reader.settled(found.ref):
-                raise _NeedsTrio(found.ref)
-            found.size = self._settled_size(found.ref)
-        plan = self._decide(found, method, conditions)
-        if get and plan.status in (200, 206) and plan.start < plan.stop:
-            first = self._read_now(found, plan.start, min(plan.stop - plan.start, READ_PIECE))
-            if first is None:
-                raise _NeedsTrio(found.ref if found.array is None else None)
-            plan.first = first
-        return plan
-
-    async def _arrived(self, ref: Ref) -> bool:
-        """Wait on the loop for the bytes of ``ref`` that a stretch read ahead is bringing
-        (True once they are in, or the stretch is over); False at once when none is."""
-        arrived = asyncio.get_running_loop().create_future()
-
-        def call() -> None:
-            if not arrived.done():
-                arrived.set_result(None)
-
-        if not self.core.reader.when_arrived(ref, call):
-            return False
-        await arrived
-        return True
-
-    async def _settle(self, ref: Ref) -> int:
-        await self.core.reader.settle(ref)
-        return self._settled_size(ref)
-
-    def _settled_size(self, ref: Ref) -> int:
-        clipped = self.core.reader.clipped(ref)
-        return ref.length if clipped is None else clipped
-
-    async def _read(self, found: _Found, off: int, size: int, state: ReadState) -> bytes | memoryview:
-        data = self._read_now(found, off, size)
-        if data is not None:
-            return data
-        stats = self.core.stats
-        stats.reads += 1
-        if found.array is not None:
-            assert self.core.decoder is not None and found.ref is not None
-            data = await self.core.decoder.read(found.key, found.array, found.ref, off, size)
-        else:
-            assert found.ref is not None
-            data = await self.core.reader.read(found.ref, off, size, state)
-        stats.bytes_read += len(data)
-        return data
-
-    def _read_now(self, found: _Found, off: int, size: int) -> bytes | memoryview | None:
-        """The bytes when they are at hand (the synthesized ``.zmetadata``, inline bytes, a
-        block in memory), with no I/O; None otherwise."""
-        if found.data is not None:
-            data: bytes | memoryview | None = found.data[off: off + size]
-        elif found.array is not None:
-            return None
-        else:
-            assert found.ref is not None
-            data = self.core.reader.read_now(found.ref, off, size)
-            if data is None:
-                return None
-        stats = self.core.stats
-        stats.reads += 1
-        stats.bytes_read += len(data)
-        return data
-
-    async def _entries(self, found: _Found) -> AsyncIterator[tuple[str, bool, int | None]]:
+    async def _entries(self, found: Found) -> AsyncIterator[tuple[str, bool, int | None]]:
         """The entries of a directory, the synthesized ``.zmetadata`` among the root's when
         the set has none."""
         assert found.node is not None
@@ -638,7 +378,7 @@ class HttpFrontEnd:
         if synthesize and (data := await self._synthesized_zmetadata()) is not None:
             yield ".zmetadata", False, len(data)
 
-    async def _render_listing(self, found: _Found, path: str, as_json: bool,
+    async def _render_listing(self, found: Found, path: str, as_json: bool,
                               loop: asyncio.AbstractEventLoop, response: web.StreamResponse) -> None:
         """Render a listing piece by piece (``listing.iter_*_index`` are generators over an
         iterable of entries): each piece is made in a worker thread, which takes the entries
@@ -674,27 +414,6 @@ class HttpFrontEnd:
                     self.stats.http_bytes_sent += len(piece)
             finally:
                 pieces.close()
-
-    async def _synthesized_zmetadata(self) -> bytes | None:
-        """The consolidated metadata of a set that has none, made once (in a worker thread,
-        key by key within ``consolidated``'s bounds), or None when the set is past them
-        (then never made again: one log line)."""
-        async with self._zmetadata_lock:
-            if self._zmetadata is None and not self._zmetadata_refused:
-                def make() -> Any:
-                    pairs = self.core.metadata_pairs(METADATA_NAMES, max_keys=MAX_VALUES, max_bytes=MAX_BYTES)
-                    return consolidation(pairs)
-
-                try:
-                    made = await trio.to_thread.run_sync(make)
-                except ConsolidationRefused as e:
-                    log.error("no consolidated metadata (.zmetadata) is served for this set: %s", e)
-                    self._zmetadata_refused = True
-                    return None
-                for key, why in sorted(made.skipped.items()):
-                    log.warning("the synthesized .zmetadata leaves out %s: %s", key, why)
-                self._zmetadata = made.document
-        return self._zmetadata
 
     # ---- small answers -----------------------------------------------------------------------
     def counters(self) -> dict[str, Any]:

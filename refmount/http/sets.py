@@ -18,7 +18,8 @@ from refmount.base.stats import Stats
 from refmount.base.triocall import TrioCaller
 from refmount.http import listing
 from refmount.http.frontend import HttpFrontEnd
-from refmount.sets.opensets import SetEvents, Sets, SetUnavailable, SetVersion
+from refmount.sets.opensets import Sets
+from refmount.sets.setslots import SetEvents, SetUnavailable, SetVersion
 
 log = logging.getLogger(__name__)
 

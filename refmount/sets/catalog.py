@@ -1,4 +1,4 @@
-"""Catalogues: many reference sets named by one SOURCE, and the identity of each set.
+"""Catalogues: many reference sets named by one SOURCE, read into entries (name, SOURCE, options).
 
 A catalogue (``-o catalog``) is one of three forms, told apart by what CATALOG is:
 
@@ -17,31 +17,28 @@ A catalogue (``-o catalog``) is one of three forms, told apart by what CATALOG i
    by its item's id (``ID.ASSET`` when an item has several such assets; a Collection's own
    assets by their key); a Collection's ``item`` links are followed.
 
-Each entry's ``options`` are ``-o`` options for that set only (:data:`PER_SET_OPTIONS`),
+Each entry's ``options`` are ``-o`` options for that set only (``setoptions.PER_SET_OPTIONS``),
 validated against ``config.OPTIONS``; ``CatalogEntry.option_args`` renders them for
 ``config.apply_options``. Names are checked (:func:`name_problem`): an entry with a name that
 cannot be a directory is skipped with a warning. Two entries with one name are an error.
 
 Everything here is synchronous (the daemon calls it in a worker thread) and bounded:
 ``max_sets`` entries, ``max_bytes`` read from list and STAC documents (all of them together),
-``timeout`` for each remote call. Bad input raises :class:`CatalogError`, one line.
+``timeout`` for each remote call. Bad input raises ``CatalogError`` (``base/errors.py``), one line.
 
-:func:`source_identity` is a short string that changes when a set changes: the size and
-modification stamp of its file, or for a Parquet directory those of ``.zmetadata`` and of
-every record file.
+The parts are modules of their own: a YAML list file's parser (``sets/catalogyaml.py``), STAC's
+assets (``sets/stac.py``), the per-set options (``sets/setoptions.py``); a set's identity, which
+tells that it changed, is ``sets/setidentity.py``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import posixpath
 import re
-import stat
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -50,40 +47,27 @@ import orjson
 from fsspec.core import url_to_fs
 from fsspec.utils import infer_compression
 
-from refmount.base.errors import ConfigError
+from refmount.base.errors import CatalogError, ConfigError
 from refmount.base.redact import redact_url
 from refmount.base.urls import is_chained, is_local, local_path, protocol
-from refmount.config import OPTIONS_BY_NAME, Flag, Json, did_you_mean, split_options
-from refmount.refs.deadline import SourceTimeout, within
+from refmount.config import OPTIONS_BY_NAME, Flag
+from refmount.refs.deadline import within
 from refmount.refs.model import ReferenceSetError
 from refmount.refs.source import open_source
+from refmount.sets.catalogyaml import load_yaml
+from refmount.sets.setoptions import set_options
+from refmount.sets.stac import is_stac, reference_assets, stac_options
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# Options a catalogue may give one set. The others apply to the whole mount (FUSE and
-# permissions, caches, logging, serving) or are the operator's bounds on what a set may cost
-# (max_*, allow_local), which a catalogue must not raise.
-PER_SET_OPTIONS = frozenset({
-    "remote_protocol", "remote_options", "target_options", "decode", "max_chunk_bytes",
-    "timeout", "retries", "bad_keys", "whole_fetch_limit", "merge_gap",
-})
 PARQUET_SUFFIXES = (".parquet", ".parq")  # stripped from a Parquet reference directory's name
 LIST_SUFFIXES_YAML = (".yaml", ".yml")
-STAC_REFERENCE_ROLES = frozenset({"references", "index"})
-STAC_JSON_TYPES = frozenset({"application/json", "application/x-json", "text/json"})
-STAC_PARQUET_TYPES = frozenset({"application/x-parquet", "application/vnd.apache.parquet",
-                                "application/parquet"})
 MAX_NAME_BYTES = 255
 ZARR_KEYS = (".zgroup", ".zattrs", ".zarray", ".zmetadata")  # a reference set's, not a catalogue's
-MAX_NESTING = 64  # of a YAML list file (a JSON one is orjson's: 1024)
 PROBES = 16  # remote directories of a catalogue asked at once whether they are Parquet sets
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
-
-
-class CatalogError(ValueError):
-    """The catalogue cannot be read; ``str()`` is one line naming the problem and the remedy."""
 
 
 @dataclass(frozen=True)
@@ -212,7 +196,7 @@ class _Reader:
         doc = self.parse(self.url, self.read_document(self.url))
         if isinstance(doc, dict) and "sets" in doc:
             self.read_list(doc)
-        elif isinstance(doc, dict) and _is_stac(doc):
+        elif isinstance(doc, dict) and is_stac(doc):
             self.read_stac(doc, self.url)
         else:
             hint = ""
@@ -300,7 +284,7 @@ class _Reader:
         base = path[:-len(c) - 1] if (c := _compression_suffix(path)) else path
         try:
             if base.lower().endswith(LIST_SUFFIXES_YAML):
-                return _load_yaml(data)
+                return load_yaml(data)
             return orjson.loads(data)
         except orjson.JSONDecodeError as e:
             hint = ""
@@ -366,7 +350,7 @@ class _Reader:
             for item in features:
                 self.stac_item(item, url)
         else:  # a Collection (or Catalog): its own assets, then its items
-            for key, asset in _reference_assets(doc):
+            for key, asset in reference_assets(doc):
                 self.stac_asset(str(key), asset, url)
             links = doc.get("links")
             items = [link["href"] for link in links or []
@@ -388,7 +372,7 @@ class _Reader:
         item_id = item.get("id")
         if not isinstance(item_id, str):
             raise CatalogError(f"{url}: a STAC item without an \"id\"")
-        assets = list(_reference_assets(item))
+        assets = list(reference_assets(item))
         for key, asset in assets:
             name = item_id if len(assets) == 1 else f"{item_id}.{key}"
             self.stac_asset(name, asset, url, f"item {item_id!r} asset {key!r}")
@@ -400,7 +384,7 @@ class _Reader:
         resolved = self.resolve(url, href, where)
         if resolved is None:
             return
-        options = set_options(_stac_options(asset), f"{self.url}: {where}")
+        options = set_options(stac_options(asset), f"{self.url}: {where}")
         self.add(name, resolved, options, where)
 
 
@@ -440,276 +424,3 @@ def join_url(base: str, href: str) -> str:
     head, sep, rest = base.partition("://")
     directory = posixpath.dirname(rest)
     return f"{head}{sep}{posixpath.normpath(posixpath.join(directory, href))}"
-
-
-def set_options(value: Any, where: str) -> dict[str, str]:
-    """A set's options from a list file or STAC asset: ``"decode,timeout=30"`` or
-    ``{"decode": true, "timeout": 30}``, validated, as name -> ``-o`` value ("" for a flag)."""
-    if value is None:
-        return {}
-    pairs: list[tuple[str, Any, bool]] = []  # name, value, whether a value was written
-    if isinstance(value, str):
-        for item in split_options(value):
-            name, sep, text = item.partition("=")
-            pairs.append((name.strip(), text, bool(sep)))
-    elif isinstance(value, dict):
-        pairs = [(str(k), v, True) for k, v in value.items()]
-    else:
-        raise CatalogError(f"{where}: \"options\" must be text (\"decode,timeout=30\") or an "
-                           "object")
-    out: dict[str, str] = {}
-    for name, raw, written in pairs:
-        option = OPTIONS_BY_NAME.get(name)
-        if option is None:
-            raise CatalogError(f"{where}: unknown option {name!r}"
-                               f"{did_you_mean(name, PER_SET_OPTIONS)}")
-        if name not in PER_SET_OPTIONS:
-            raise CatalogError(f"{where}: option {name!r} applies to the whole mount, not to one "
-                               f"set (a set may have {', '.join(sorted(PER_SET_OPTIONS))})")
-        if isinstance(option.kind, Flag):
-            if raw is True or (not written):
-                out[name] = ""
-                continue
-            if raw is False:
-                continue
-            raise CatalogError(f"{where}: option {name!r} takes no value (true or false in an "
-                               "object)")
-        if not written:
-            raise CatalogError(f"{where}: option {name!r} needs a value ({option.spec})")
-        if isinstance(raw, bool) or raw is None:
-            raise CatalogError(f"{where}: option {name!r} needs a value ({option.spec})")
-        if isinstance(option.kind, Json):
-            if isinstance(raw, dict):
-                text = json.dumps(raw)
-            elif isinstance(raw, str) and not raw.startswith("@"):
-                text = raw
-            else:  # @FILE would read a file the catalogue names: refused
-                raise CatalogError(f"{where}: option {name!r} must be a JSON object given "
-                                   "inline in a catalogue")
-        elif isinstance(raw, (str, int, float)):
-            text = str(raw)
-        else:
-            raise CatalogError(f"{where}: option {name!r} must be text or a number")
-        try:
-            option.kind.parse(name, text)
-        except ConfigError as e:
-            raise CatalogError(f"{where}: {e}") from None
-        out[name] = text
-    return out
-
-
-YAML_TRUE = frozenset({"true", "yes", "on"})
-YAML_FALSE = frozenset({"false", "no", "off"})
-YAML_NULL = frozenset({"", "~", "null"})
-
-
-def _load_yaml(data: bytes) -> Any:
-    """One YAML document, built from libyaml's events (PyYAML's resolver and constructor take
-    seconds a megabyte): mappings, sequences and scalars, a plain scalar ``true``/``yes``/
-    ``on`` (``false``/``no``/``off``, ``null``/``~``/empty) read as a boolean (None), every other
-    scalar as text (options are text anyway). Tags are ignored; aliases (a YAML bomb repeats a
-    subtree through them), nesting deeper than MAX_NESTING, keys that are not scalars and a
-    second document are refused."""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    stack: list[tuple[Any, Any]] = []  # (container, pending mapping key or _NO_KEY)
-    root: list[Any] = []
-    documents = 0
-
-    def put(value: Any) -> None:
-        if not stack:
-            root.append(value)
-            return
-        container, key = stack[-1]
-        if isinstance(container, list):
-            container.append(value)
-        elif key is _NO_KEY:
-            if isinstance(value, (dict, list)):
-                raise CatalogError("a YAML mapping key must be a scalar")
-            stack[-1] = (container, "" if value is None else str(value))
-        else:
-            container[key] = value
-            stack[-1] = (container, _NO_KEY)
-
-    try:
-        for event in yaml.parse(data, Loader=loader):
-            if isinstance(event, yaml.ScalarEvent):
-                value: Any = event.value
-                if event.implicit[0] and not event.style:  # plain (libyaml: "", PyYAML: None)
-                    low = value.lower()
-                    value = (True if low in YAML_TRUE else False if low in YAML_FALSE
-                             else None if low in YAML_NULL else value)
-                put(value)
-            elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-                if len(stack) >= MAX_NESTING:
-                    raise CatalogError(f"nested deeper than {MAX_NESTING} levels (line "
-                                       f"{event.start_mark.line + 1})")
-                container: Any = {} if isinstance(event, yaml.MappingStartEvent) else []
-                put(container)
-                stack.append((container, _NO_KEY))
-            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-                stack.pop()
-            elif isinstance(event, yaml.AliasEvent):
-                raise CatalogError(f"YAML aliases are not allowed in a catalogue (line "
-                                   f"{event.start_mark.line + 1})")
-            elif isinstance(event, yaml.DocumentStartEvent):
-                documents += 1
-                if documents > 1:
-                    raise CatalogError("more than one YAML document")
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise CatalogError(f"not valid YAML{where}") from None
-    return root[0] if root else None
-
-
-_NO_KEY = object()  # a mapping waiting for its next key
-
-
-def _is_stac(doc: dict[str, Any]) -> bool:
-    return doc.get("type") in ("Feature", "FeatureCollection", "Collection", "Catalog") and (
-        "stac_version" in doc or doc.get("type") == "FeatureCollection")
-
-
-def _reference_assets(obj: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The assets of a STAC object that are kerchunk reference sets, by key."""
-    assets = obj.get("assets")
-    if not isinstance(assets, dict):
-        return
-    for key, asset in assets.items():
-        if not isinstance(asset, dict) or not isinstance(asset.get("href"), str):
-            continue
-        roles = asset.get("roles")
-        roles = set(roles) if isinstance(roles, list) and all(
-            isinstance(r, str) for r in roles) else set()
-        media = str(asset.get("type") or "").partition(";")[0].strip().lower()
-        if roles & STAC_REFERENCE_ROLES and media in STAC_JSON_TYPES | STAC_PARQUET_TYPES:
-            yield str(key), asset
-
-
-def _stac_options(asset: dict[str, Any]) -> dict[str, Any]:
-    """Set options from an asset's ``xarray:storage_options`` and ``xarray:open_kwargs``
-    (``storage_options``, ``backend_kwargs.storage_options``): the reference file system's
-    ``remote_protocol``, ``remote_options`` and ``target_options``."""
-    found: list[Any] = [asset.get("xarray:storage_options")]
-    kwargs = asset.get("xarray:open_kwargs")
-    if isinstance(kwargs, dict):
-        found.append(kwargs.get("storage_options"))
-        backend = kwargs.get("backend_kwargs")
-        if isinstance(backend, dict):
-            found.append(backend.get("storage_options"))
-    out: dict[str, Any] = {}
-    for so in found:
-        if isinstance(so, dict):
-            for name in ("remote_protocol", "remote_options", "target_options"):
-                if so.get(name) is not None:
-                    out[name] = so[name]
-    return out
-
-
-# --- the identity of a set ---------------------------------------------------------------------
-
-DIGEST_BYTES = 64 << 20  # read of a file whose storage gives no stamp, to tell a change
-# What a storage's ``info`` may say that changes with the content (besides the size).
-STAMPS = ("mtime", "ETag", "etag", "Last-Modified", "LastModified", "last_modified", "md5",
-          "Content-MD5", "Digest", "generation", "VersionId", "version_id", "created", "ino")
-
-
-def source_identity(source: str, storage_options: dict[str, Any], *, timeout: float) -> str:
-    """A short string that changes when the reference set at ``source`` changes: the size
-    and modification stamp (mtime, ETag, Last-Modified, version) of its file; for a Parquet
-    reference directory, of its ``.zmetadata`` and of the listing of its record files. A file
-    whose storage gives no stamp (an HTTP server without ``ETag`` or ``Last-Modified``) is
-    known by the digest of its first DIGEST_BYTES.
-    OSError (FileNotFoundError when it is gone) or CatalogError when it cannot be read."""
-    try:
-        if is_local(source):
-            parts = _local_identity(local_path(source))
-        else:
-            parts = within(timeout, redact_url(source), _remote_identity, source,
-                           dict(storage_options))
-    except SourceTimeout as e:
-        raise CatalogError(str(e)) from None
-    except (OSError, CatalogError):
-        raise
-    except Exception as e:  # a backend's own errors (bad URL, missing module, ...)
-        raise CatalogError(redact_url(f"{source}: cannot tell whether it changed "
-                                      f"({type(e).__name__}: {e})").splitlines()[0]) from None
-    blob = json.dumps(parts, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:24]
-
-
-def _local_stamp(st: os.stat_result) -> list[int]:
-    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
-
-
-def _local_identity(path: str) -> list[Any]:
-    if path.endswith("/.zmetadata"):
-        path = path[: -len("/.zmetadata")]
-    st = os.stat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        return ["file", _local_stamp(st)]
-    meta = os.stat(os.path.join(path, ".zmetadata"))
-    records = []
-    for directory, dirs, files in os.walk(path):
-        dirs.sort()
-        for name in sorted(files):
-            if name.startswith(".") and directory == path:
-                continue
-            full = os.path.join(directory, name)
-            try:
-                records.append([os.path.relpath(full, path), _local_stamp(os.stat(full))])
-            except FileNotFoundError:
-                continue  # removed while listed: the next identity sees it gone
-    return ["parquet", _local_stamp(meta), records]
-
-
-def _remote_identity(source: str, options: dict[str, Any]) -> list[Any]:
-    fs, path = url_to_fs(source, **options)
-    path = path.rstrip("/")
-    if path.endswith("/.zmetadata"):
-        path = path[: -len("/.zmetadata")]
-    fs.invalidate_cache(path)  # a listing cached by the file system would hide a change
-    meta: dict[str, Any] | None = None
-    if json_set_name(posixpath.basename(path)) is None:
-        # Not named as a JSON set: a Parquet directory? (An HTTP "directory" has no info of
-        # its own, or an HTML listing's: its .zmetadata says.)
-        try:
-            meta = fs.info(path + "/.zmetadata")
-        except FileNotFoundError:
-            meta = None
-    if meta is None:
-        info = fs.info(path)
-        stamp = _stamp(info)
-        if set(stamp) <= {"size"}:  # no stamp at all (an HTTP server without validators)
-            stamp["sha256"] = _content_digest(fs, path)
-        return ["file", stamp]
-    records: list[Any] = []
-    # HTTP has no listing (a server's HTML index, where there is one, is not a contract):
-    # there, the set is known by its .zmetadata alone.
-    http = protocol(source) in ("http", "https") and not is_chained(source)
-    found = {} if http else fs.find(path, detail=True)
-    for name, rinfo in sorted(found.items()):
-        rel = name[len(path):].lstrip("/")
-        if rel == ".zmetadata":
-            continue
-        records.append([rel, _stamp(rinfo)])
-    return ["parquet", _stamp(meta), records]
-
-
-def _content_digest(fs: Any, path: str) -> str:
-    """The digest of the file's first DIGEST_BYTES (for storage that gives no stamp)."""
-    digest = hashlib.sha256()
-    with fs.open(path, "rb", block_size=0) if fs.protocol[0] in ("http", "https") \
-            else fs.open(path, "rb") as f:
-        left = DIGEST_BYTES
-        while left > 0 and (piece := f.read(min(left, 1 << 20))):
-            digest.update(piece)
-            left -= len(piece)
-    return digest.hexdigest()
-
-
-def _stamp(info: dict[str, Any]) -> dict[str, str]:
-    return {k: str(info[k]) for k in ("size", *STAMPS) if info.get(k) is not None}
-

@@ -21,28 +21,25 @@ that fails to index keeps the last good one and records the error (``SetSlot.err
 sets appear, disappear, or are re-indexed when their entry changed.
 
 Front ends hear of what changes through :class:`SetEvents` (the mount drops the kernel's
-cached names). Nothing here knows FUSE or HTTP.
+cached names). Nothing here knows FUSE or HTTP. The slots, versions and events are
+``sets/setslots.py``; the concrete opener (``set_config``, ``index_and_build``) is
+``sets/setopener.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import trio
 
 from refmount.base.redact import redact_url
-
-if TYPE_CHECKING:
-    from refmount.serving.indexer import IndexerProcesses
+from refmount.sets.setslots import Opened, SetEvents, SetSlot, SetUnavailable, SetVersion
 
 log = logging.getLogger(__name__)
 
@@ -52,114 +49,7 @@ OPEN_FAILED = "the set cannot be opened (the log says why)"
 TOO_MUCH_OPEN = "too many sets are in use at once (max_open_memory): try again later"
 IDENTIFY_FAILED = "the set's SOURCE cannot be identified (the log says why)"
 
-__all__ = ["Entry", "Opened", "SetEvents", "SetSlot", "SetUnavailable", "SetVersion", "Sets",
-           "index_and_build", "set_config"]
-
-
-class Entry(Protocol):
-    """One set of a catalogue (``catalog.CatalogEntry``)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def source(self) -> str: ...
-    @property
-    def options(self) -> Mapping[str, str]: ...
-
-
-class SetUnavailable(Exception):
-    """A set that cannot be served now (its first indexing failed): the reason."""
-
-
-@dataclass
-class Opened:
-    """What opening a set gives: its core (``core.SetCore`` or anything with its lifecycle),
-    what identified SOURCE before it was indexed, and the index it maps (the same ``key``
-    means the same inode numbers)."""
-
-    core: Any
-    identity: str
-    key: str
-    size: int = 0  # bytes it holds while open (its index, its memory cache)
-
-
-@dataclass(eq=False)
-class SetVersion:
-    """One opened core of a slot. ``front`` is the front end's own object over it."""
-
-    vid: int
-    number: int  # 1 for a slot's first version, then one more per reload
-    name: str
-    core: Any
-    identity: str
-    key: str
-    size: int = 0  # bytes it holds while open (Opened.size)
-    opened: float = field(default_factory=time.time)
-    front: Any = None
-    handles: int = 0  # open files
-    active: int = 0  # requests in flight
-    retired: bool = False  # replaced, closed by the LRU bound, or its set removed
-    closing: trio.Event = field(default_factory=trio.Event)
-    closed: trio.Event = field(default_factory=trio.Event)
-
-    @property
-    def idle(self) -> bool:
-        return self.handles == 0 and self.active == 0
-
-
-@dataclass(eq=False)
-class SetSlot:
-    """One set of the catalogue, opened or not."""
-
-    name: str
-    entry: Any
-    vid: int  # the version id the front ends show now (reserved before the first open)
-    current: SetVersion | None = None
-    versions: int = 0  # versions seen so far (the number of the newest)
-    last_used: float = 0.0  # trio.current_time() of the last request
-    last_check: float | None = None  # wall time of the last reload check
-    last_reload: float | None = None  # wall time a new version was swapped in
-    error: str | None = None  # OPEN_FAILED or IDENTIFY_FAILED (the last good version serves)
-    failed_identity: str | None = None  # the SOURCE identity that failed: not tried again
-    last_key: str = ""  # the index of the last version (a reopen of the same keeps the vid)
-    removed: bool = False
-    reloading: bool = False
-
-    def describe(self) -> dict[str, Any]:
-        """The slot as ``refmount stats`` shows it."""
-        cur = self.current
-        out: dict[str, Any] = {"state": "open" if cur is not None else "closed"}
-        if self.versions:
-            out["version"] = self.versions
-        if cur is not None:
-            out["open_files"] = cur.handles
-        if self.last_reload is not None:
-            out["last_reload"] = _stamp(self.last_reload)
-        if self.last_check is not None:
-            out["last_check"] = _stamp(self.last_check)
-        if self.error is not None:
-            out["error"] = self.error
-        return out
-
-
-def _stamp(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
-class SetEvents:
-    """What a front end hears of (all called on the trio loop; default: nothing)."""
-
-    def made(self, version: SetVersion) -> None:
-        """A version was opened: ``version.front`` may be set here."""
-
-    def replaced(self, slot: SetSlot, old_vid: int, new_vid: int) -> None:
-        """The version id shown for ``slot`` changed (a reload, a reopened changed set)."""
-
-    def added(self, slot: SetSlot) -> None:
-        """A set appeared in the catalogue."""
-
-    def removed(self, slot: SetSlot) -> None:
-        """A set disappeared from the catalogue."""
+__all__ = ["Identify", "OpenSet", "Sets"]
 
 
 OpenSet = Callable[[str, Any], Opened]  # blocking: (name, entry) -> Opened, or raises
@@ -569,67 +459,3 @@ class Sets:
         self._open.clear()
         for version in versions:
             await version.closed.wait()
-
-
-# ---- the concrete opener: the indexer process and a core ---------------------------------
-
-MIN_SET_MEMORY = 8 * 2**20  # the least memory cache an open set of a catalogue gets
-
-
-def set_config(cfg: Any, entry: Any) -> Any:
-    """The configuration of one set: the mount's, with the entry's SOURCE and its options
-    (only those ``catalog.PER_SET_OPTIONS`` names) over it. ConfigError for another."""
-    from refmount.base.errors import ConfigError
-    from refmount.base.urls import is_local, local_path
-    from refmount.config import OPTIONS_BY_NAME, Flag, apply_options
-    from refmount.sets.catalog import PER_SET_OPTIONS
-
-    source = entry.source
-    if is_local(source):
-        source = os.path.abspath(local_path(source))
-    changes: dict[str, Any] = {"source": source}
-    for name in ("catalog", "reload"):  # the set itself is one plain set
-        option = OPTIONS_BY_NAME.get(name)
-        if option is not None:
-            changes[option.attr] = option.default() if callable(option.default) else option.default
-    if getattr(cfg, "catalog", False):  # the memory cache, shared out among the open sets
-        share = cfg.memory_cache_size // max(1, cfg.max_open_sets)
-        changes["memory_cache_size"] = min(cfg.memory_cache_size, max(share, MIN_SET_MEMORY))
-    out = dataclasses.replace(cfg, **changes)
-    if out.allow_local is None and is_local(cfg.source) and (out.allow_other or out.allow_root
-                                                             or out.serving):
-        # A shared mount's local targets: beneath the catalogue's directory (its default).
-        out.allow_local = cfg.local_roots()
-    if getattr(cfg, "catalog", False) and is_local(source) and out.local_roots() != ["/"]:
-        # A shared catalogue's set files are confined as its targets are: a set file (or a
-        # Parquet set's .zmetadata) is opened beneath those directories, no symlink followed.
-        out.source_roots = out.local_roots()
-    options = []
-    for name, value in dict(entry.options).items():
-        option = OPTIONS_BY_NAME.get(name)
-        if option is None or name not in PER_SET_OPTIONS:
-            raise ConfigError(f"set {entry.name!r}: option {name!r} cannot be set per set "
-                              f"(allowed: {', '.join(sorted(PER_SET_OPTIONS))})")
-        options.append(name if isinstance(option.kind, Flag) else f"{name}={value}")
-    apply_options(out, options)
-    return out
-
-
-def index_and_build(cfg: Any, entry: Any, identify: Identify, indexer: IndexerProcesses) -> Opened:
-    """Open one set (blocking): identify its SOURCE, index it in an indexer process (its
-    persisted index reused when SOURCE is unchanged), map the index into a core."""
-    from refmount.core.setcore import build_core
-
-    set_cfg = set_config(cfg, entry)
-    identity = identify(entry)
-    index_file = indexer.index(set_cfg)
-    try:
-        # a Parquet set has no index file: its records, loaded on demand, are bounded apart
-        size = (os.path.getsize(index_file.path) if index_file.path else 0) + set_cfg.memory_cache_size
-        core = build_core(set_cfg, index_file)
-    finally:
-        if index_file.temporary:  # mapped: the file can go
-            with contextlib.suppress(OSError):
-                os.unlink(index_file.path)
-    key = "" if index_file.temporary else f"{index_file.kind}:{index_file.path}:{identity}"
-    return Opened(core, identity, key or f"temporary:{id(core)}", size)

@@ -20,8 +20,10 @@ from refmount.base.stats import Stats
 from refmount.config import MountConfig
 from refmount.refs import IndexFile
 from refmount.serving.indexer import IndexerProcesses
-from refmount.sets.opensets import Opened, Sets, index_and_build
+from refmount.sets.opensets import Sets
 from refmount.sets.reload import Reloader, watch_signals
+from refmount.sets.setopener import index_and_build
+from refmount.sets.setslots import Opened
 
 log = logging.getLogger("refmount")
 
@@ -55,7 +57,7 @@ def _read_catalog(cfg: MountConfig) -> dict[str, Any]:
 
 def check_catalog(cfg: MountConfig) -> IndexFile:
     """The CLI's check of a catalogue before it hands over: MountError naming the problem."""
-    from refmount.sets.catalog import CatalogError
+    from refmount.base.errors import CatalogError
 
     try:
         entries = _read_catalog(cfg)
@@ -66,7 +68,7 @@ def check_catalog(cfg: MountConfig) -> IndexFile:
 
 
 def _identify(cfg: MountConfig) -> Callable[[Any], str]:
-    from refmount.sets.catalog import source_identity
+    from refmount.sets.setidentity import source_identity
 
     def identify(entry: Any) -> str:
         return source_identity(entry.source, cfg.target_options, timeout=cfg.timeout)
@@ -129,7 +131,7 @@ def build_sets(cfg: MountConfig, index_file: IndexFile) -> SetMount:
     reload_every = float(getattr(cfg, "reload", 0) or 0) or None
     initial: dict[str, Opened] = {}
     if getattr(cfg, "catalog", False):
-        from refmount.sets.catalog import CatalogError
+        from refmount.base.errors import CatalogError
 
         try:
             entries = _read_catalog(cfg)

@@ -32,7 +32,7 @@ from refmount.base.redact import redact_url
 from refmount.base.urls import is_chained, protocol
 from refmount.base.workers import await_future
 from refmount.targets import localfile
-from refmount.targets.credentials import merge_options
+from refmount.targets.credentialoutput import merge_options
 from refmount.targets.policy import TargetPolicy
 from refmount.targets.rules import Route, Rule, TargetRules, options_for
 

@@ -1,6 +1,6 @@
 """Run a command so that every process it starts ends with it: ``python targets/reaper.py ARGV...``.
 
-A credential process (targets/credentials.py) runs in a session and process group of its own, and
+A credential process (targets/credentialcommand.py) runs in a session and process group of its own, and
 killing that group is not enough: a child that calls ``setsid()`` (a daemonizing helper, an
 agent) leaves both and would outlive the server. This script, run as a plain file by the
 serving process's interpreter (``-I -S``: no refmount import, no site, a few milliseconds),

@@ -238,7 +238,9 @@ def parse_rules(raw: Any) -> list[Rule]:
 def check_rules(raw: Any, name: str = "targets") -> list[dict[str, Any]]:
     """Rules as the option table read them (JSON), checked — each rule's shape, and that its
     credential command can run; returned in JSON form (what the configuration keeps)."""
-    from refmount.targets.credentials import command_problem  # (it loads trio: only when rules are checked)
+    from refmount.targets.credentialcommand import (
+        command_problem,  # (it loads trio: only when rules are checked)
+    )
 
     rules = TargetRules(parse_rules(raw)).as_json()
     for number, rule in enumerate(rules, 1):

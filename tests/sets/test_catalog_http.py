@@ -16,7 +16,9 @@ from support.faultserver import FaultServer
 from support.refsets import tiny_json, tiny_parquet
 from support.servers import NginxServer, moto_s3
 
-from refmount.sets.catalog import CatalogError, read_catalog, source_identity
+from refmount.base.errors import CatalogError
+from refmount.sets.catalog import read_catalog
+from refmount.sets.setidentity import source_identity
 
 BOUNDS = {"max_sets": 100, "max_bytes": 1 << 20, "timeout": 10.0}
 AUTOINDEX = "        location /cat/ { autoindex on; }"

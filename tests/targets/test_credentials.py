@@ -25,7 +25,7 @@ from support.faultserver import TOKEN_PATH, FaultServer
 from support.mounts import mount_entries, run_cli
 from support.probes import log_lines, stats, wait_for
 
-from refmount.targets.credentials import parse_output
+from refmount.targets.credentialoutput import parse_output
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
 

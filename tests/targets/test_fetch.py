@@ -205,7 +205,7 @@ def test_readers_of_a_stretch_get_their_part_before_the_rest_of_its_response(tmp
     woken as soon as that key's bytes are in -- here while the server still holds back the
     rest of the response."""
     from refmount.base import guestloop
-    from refmount.core.readahead import TargetReadahead
+    from refmount.core.targetreadahead import TargetReadahead
 
     chunk = 64 * 1024
     with HeldBodyServer(32 * 2**20, first=2**20) as server:

@@ -18,7 +18,7 @@ from support.importgraph import cycles, import_graph
 import refmount
 
 PACKAGE = Path(refmount.__file__).parent
-FRONT_ENDS = ("refmount.fuse.operations", "refmount.http.frontend")
+FRONT_ENDS = ("refmount.fuse.operations", "refmount.http.frontend", "refmount.http.pathplan")
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +32,9 @@ def test_no_import_cycles(graph: dict[str, set[str]]) -> None:
 
 
 def test_front_ends_do_not_reach_into_reference_set_parsing(graph: dict[str, set[str]]) -> None:
-    """``fuse/operations.py`` and ``http/frontend.py`` only translate: references come from
-    ``refmount.refs`` (``Ref``, ``RefKind``) through the tree (``refs/tree.py``, what every format
-    yields) and the core, never from a parsing module of ``refs/``."""
+    """``fuse/operations.py`` and ``http/frontend.py`` (with ``http/pathplan.py``) only translate:
+    references come from ``refmount.refs`` (``Ref``, ``RefKind``) through the tree (``refs/tree.py``,
+    what every format yields) and the core, never from a parsing module of ``refs/``."""
     inside = {f: sorted(m for m in graph[f] if m.startswith("refmount.refs.") and m != "refmount.refs.tree")
               for f in FRONT_ENDS}
     assert inside == {f: [] for f in FRONT_ENDS}

@@ -1,4 +1,4 @@
-"""TargetReadahead (refmount.core.readahead) without FUSE: a fake target with a fixed latency,
+"""TargetReadahead (refmount.core.targetreadahead) without FUSE: a fake target with a fixed latency,
 trio's MockClock."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import trio.testing
 from support.fakes import StreamsWhole
 
 from refmount.base.stats import Stats
-from refmount.core.readahead import TargetReadahead
+from refmount.core.targetreadahead import TargetReadahead
 
 MiB = 2**20
 URL = "http://example.invalid/data.bin"

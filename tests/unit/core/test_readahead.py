@@ -1,6 +1,7 @@
-"""The order detector and the readahead policies of refmount.core.readahead, without FUSE (a fake
-block store, a fake target, trio's MockClock). TargetReadahead's streaming behaviour under
-concurrent readers is in test_prefetch.py."""
+"""The order detector and the readahead policies of refmount.core.readahead and
+refmount.core.targetreadahead, without FUSE (a fake block store, a fake target, trio's
+MockClock). TargetReadahead's streaming behaviour under concurrent readers is in
+test_prefetch.py."""
 
 from __future__ import annotations
 
@@ -15,17 +16,15 @@ from support.fakes import FakeLoader, StreamsWhole
 from refmount.base.stats import Stats
 from refmount.core.readahead import (
     SLACK,
-    AcrossKeys,
     GridReadahead,
     HandleReadahead,
     OpenFile,
     OrderDetector,
     Readahead,
     ReadState,
-    TargetRead,
-    TargetReadahead,
     continues,
 )
+from refmount.core.targetreadahead import AcrossKeys, TargetRead, TargetReadahead
 
 MiB = 2**20
 URL = "http://example.invalid/data.bin"

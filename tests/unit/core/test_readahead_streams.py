@@ -1,4 +1,5 @@
-"""Readahead per stream (refmount.core.streams, refmount.core.readahead), without FUSE: several readers
+"""Readahead per stream (refmount.core.streams, refmount.core.readahead,
+refmount.core.targetreadahead), without FUSE: several readers
 going through one target at different places (Dask workers each reading its slab, HTTP
 clients each reading a slice) keep a stream each, with its own window, under global bounds;
 a random reader reads nothing ahead. A fake target answering after a latency of trio's
@@ -20,9 +21,10 @@ from support.fakes import URL, FakeDisk, FakeFetcher, FakeLoader, KiB, MiB, cont
 
 from refmount.base.stats import Stats
 from refmount.cache.blocks import MemoryLRU
-from refmount.core.readahead import GridReadahead, OrderDetector, TargetReadahead
+from refmount.core.readahead import GridReadahead, OrderDetector
 from refmount.core.reader import RefReader
 from refmount.core.streams import Streams
+from refmount.core.targetreadahead import TargetReadahead
 from refmount.refs import Ref, RefKind
 
 QUARTERS = 4

@@ -23,7 +23,8 @@ from refmount.cli.main import index_source
 from refmount.config import MountConfig
 from refmount.core.setcore import build_core
 from refmount.fuse.catalogops import CatalogFS
-from refmount.sets.opensets import Opened, Sets
+from refmount.sets.opensets import Sets
+from refmount.sets.setslots import Opened
 
 ROOT = pyfuse3.ROOT_INODE
 

@@ -22,18 +22,12 @@ import pytest
 import zstandard
 from support.refsets import tiny_json, tiny_parquet, write_record
 
-from refmount.base.errors import ConfigError
+from refmount.base.errors import CatalogError, ConfigError
 from refmount.config import OPTIONS_BY_NAME, MountConfig, apply_options
 from refmount.refs import prepare_index
-from refmount.sets.catalog import (
-    PER_SET_OPTIONS,
-    PROBES,
-    CatalogEntry,
-    CatalogError,
-    name_problem,
-    read_catalog,
-    source_identity,
-)
+from refmount.sets.catalog import PROBES, CatalogEntry, name_problem, read_catalog
+from refmount.sets.setidentity import source_identity
+from refmount.sets.setoptions import PER_SET_OPTIONS
 
 BOUNDS: dict[str, Any] = {"max_sets": 1000, "max_bytes": 1 << 20, "timeout": 10.0}
 

@@ -13,8 +13,9 @@ import trio
 import trio.testing
 
 from refmount.fuse.inodes import ROOT, InodeTable, VersionInodes
-from refmount.sets.opensets import OPEN_FAILED, Opened, SetEvents, Sets, SetSlot, SetUnavailable
+from refmount.sets.opensets import OPEN_FAILED, Sets
 from refmount.sets.reload import CATALOG_UNREADABLE, Reloader
+from refmount.sets.setslots import Opened, SetEvents, SetSlot, SetUnavailable
 
 
 @dataclass(frozen=True)
@@ -300,7 +301,7 @@ def test_a_sets_configuration_is_the_mounts_with_its_entrys_options_over_it(tmp_
     from refmount.base.errors import ConfigError
     from refmount.config import MountConfig, apply_options
     from refmount.sets.catalog import CatalogEntry
-    from refmount.sets.opensets import set_config
+    from refmount.sets.setopener import set_config
 
     cfg = MountConfig(source=str(tmp_path), mountpoint="/mnt", serving=True)
     apply_options(cfg, ["catalog", "reload=5", "max_open_sets=4", "memory_cache=64M", "timeout=9"])

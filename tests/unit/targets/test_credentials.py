@@ -23,15 +23,9 @@ from refmount.base.errors import ConfigError, FetchError, ReadError
 from refmount.cli.main import apply_command_options
 from refmount.cli.tools import format_stats
 from refmount.config import MountConfig
-from refmount.targets.credentials import (
-    CredentialError,
-    CredentialProcess,
-    RuleCredentials,
-    merge_options,
-    parse_output,
-    run_command,
-    shown_command,
-)
+from refmount.targets.credentialcommand import run_command, shown_command
+from refmount.targets.credentialoutput import merge_options, parse_output
+from refmount.targets.credentials import CredentialError, CredentialProcess, RuleCredentials
 
 SECRET = "SENTINEL-s3cr3t-7f1e"  # never in a log record or an error
 T0 = 1_800_000_000.0  # the fake wall clock's start (2027-01-15)
@@ -229,7 +223,7 @@ class FakeCommand:
         self.runs.append(trio.current_time())
         await trio.sleep(self.seconds)
         if self.broken:
-            from refmount.targets.credentials import ProcessFailed
+            from refmount.targets.credentialcommand import ProcessFailed
             raise ProcessFailed("fake failed (exit status 1)", f"bad token={SECRET}")
         n = len(self.runs)
         expiry = None if self.lifetime is None else self.clock() + self.lifetime
@@ -610,7 +604,7 @@ def test_a_setsid_child_never_outlives_the_command(tmp_path: Path, how: str) -> 
         trio.run(cancelled)
     else:  # a serving process running the command, killed outright meanwhile
         server = subprocess.Popen([sys.executable, "-c", (
-            "import sys, trio; from refmount.targets.credentials import run_command; "
+            "import sys, trio; from refmount.targets.credentialcommand import run_command; "
             f"trio.run(lambda: run_command({argv!r}, timeout=60))")],
             cwd=Path(__file__).parents[3])
         deadline = time.monotonic() + 20

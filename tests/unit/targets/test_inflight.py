@@ -11,7 +11,7 @@ import trio.testing
 from support.fakes import StreamsWhole
 
 from refmount.base.stats import Stats
-from refmount.core.readahead import TargetReadahead
+from refmount.core.targetreadahead import TargetReadahead
 from refmount.targets.inflight import LinkEstimate, LinkEstimates
 
 MiB = 2**20
