@@ -46,9 +46,9 @@ def hypercorn_trio(refs: str) -> None:
 
     sys.path.insert(0, str(REPO))
     from refmount.base import guestloop
-    from refmount.cli.main import index_source
     from refmount.config import MountConfig, apply_options
     from refmount.core.setcore import build_core
+    from refmount.serving.preparation import index_source
 
     cfg = MountConfig(source=refs, mountpoint="")
     apply_options(cfg, ["no_disk_cache"])

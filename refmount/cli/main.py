@@ -10,45 +10,31 @@ and threads stay behind) and we return 0 once it reports that the mount answers.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import json
 import logging
 import os
-import select
-import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Callable, MutableMapping
-from types import ModuleType
+from collections.abc import MutableMapping
 from typing import NoReturn
 
 import refmount
 from refmount.base.errors import ConfigError, MountError
 from refmount.base.process import ignore_user_signals
-from refmount.base.redact import redact_url
-from refmount.base.spawn import child_env, module_command
 from refmount.base.urls import is_local, local_path
 from refmount.cache.directory import check_cache_dir
 from refmount.cli.cmdline import ENV_OPTIONS, ENV_SOURCE, hide_credentials, take_configuration
+from refmount.cli.launch import DaemonLauncher, fail, serve_detached, serve_in_foreground
 from refmount.config import MountConfig, apply_options, did_you_mean, options_help, split_options
 from refmount.fuse.mountpoint import check_mountpoint, recover_stale_mount
-from refmount.refs import IndexFile, ReferenceSetError
-from refmount.serving.indexer import Indexer, IndexerError
-from refmount.serving.logsetup import setup_logging, stderr_warnings
+from refmount.refs import ReferenceSetError
+from refmount.serving.logsetup import stderr_warnings
 from refmount.serving.preparation import (
-    advise_on_decoding,
-    check_index_targets,
     check_pins,
-    index_source,
-    remove_temporary,
 )
 from refmount.targets.policy import TargetRefused
 
 log = logging.getLogger("refmount")
 
-READY_TIMEOUT = 120.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -205,7 +191,7 @@ def _run_serve(argv: list[str]) -> int:
     try:
         cfg = serve_config(args)
     except ConfigError as e:
-        return _fail(str(e))
+        return fail(str(e))
     stderr_warnings()
 
     def checks() -> None:
@@ -214,9 +200,9 @@ def _run_serve(argv: list[str]) -> int:
             check_cache_dir(cfg.cache_dir)  # before anything is written there
 
     if cfg.foreground:
-        return _serve_in_foreground(cfg, checks, "refmount.http.daemon", lambda serving, index_file, _: (
+        return serve_in_foreground(cfg, checks, "refmount.http.daemon", lambda serving, index_file, _: (
             serving.serve(cfg, index_file, on_ready=lambda url: print(url, os.getpid(), flush=True))))
-    return _serve_detached(cfg, checks, lambda: DaemonLauncher(cfg.listen, module="refmount.http.daemon"),
+    return serve_detached(cfg, checks, lambda: DaemonLauncher(cfg.listen, module="refmount.http.daemon"),
                            on_ready=lambda what: print(what, flush=True))
 
 
@@ -267,10 +253,10 @@ def _run_verify(argv: list[str]) -> int:
             n = write_pins(args.pin, verify.pinnable(reports), cfg.source)
             print(f"refmount: pinned {n:,} targets in {args.pin}", file=sys.stderr)
     except (ConfigError, ReferenceSetError, TargetRefused, MountError) as e:
-        _fail(str(e))
+        fail(str(e))
         return 2
     except OSError as e:  # the pin file cannot be written
-        _fail(f"{args.pin}: {e.strerror or e}")
+        fail(f"{args.pin}: {e.strerror or e}")
         return 2
     print(verify.report_json(reports, cfg.source) if args.json else verify.format_report(reports))
     return verify.exit_status(reports)
@@ -354,18 +340,18 @@ def main(argv: list[str] | None = None, credentials_warning: str | None = None) 
                 print(credentials_warning, file=sys.stderr)
             return _run_tool(argv[0], argv[1:])
         if argv and (hint := _mistyped_command(argv[0])):
-            return _fail(hint)
+            return fail(hint)
         args = _parser().parse_args(argv)
         return _run(args, credentials_warning)
     except (ReferenceSetError, ConfigError, RuntimeError) as e:
-        return _fail(str(e))
+        return fail(str(e))
     except BrokenPipeError:
         return 1
     except KeyboardInterrupt:
-        return _fail("interrupted")
+        return fail("interrupted")
     except Exception as e:  # never a traceback for bad input: one line, non-zero exit
         log.debug("unexpected error", exc_info=True)
-        return _fail(f"unexpected {type(e).__name__}: {e}")
+        return fail(f"unexpected {type(e).__name__}: {e}")
 
 
 def _mistyped_command(word: str) -> str | None:
@@ -381,7 +367,7 @@ def _run(args: argparse.Namespace, credentials_warning: str | None = None) -> in
     try:
         cfg = config_from_args(args)
     except ConfigError as e:
-        return _fail(str(e))
+        return fail(str(e))
     # Until the daemon takes over, warnings (e.g. skipped keys) go to stderr.
     stderr_warnings()
 
@@ -399,177 +385,10 @@ def _run(args: argparse.Namespace, credentials_warning: str | None = None) -> in
                 print(credentials_warning, file=sys.stderr, flush=True)
 
         daemon_module = "refmount.fuse.daemon"
-        return _serve_in_foreground(cfg, checks, daemon_module, lambda daemon, index_file, log_target: (
+        return serve_in_foreground(cfg, checks, daemon_module, lambda daemon, index_file, log_target: (
             daemon.serve(cfg, index_file, on_ready=ready, log_target=log_target)))
-    code = _serve_detached(cfg, checks, lambda: DaemonLauncher(
+    code = serve_detached(cfg, checks, lambda: DaemonLauncher(
         cfg.mountpoint, preload=not getattr(cfg, "catalog", False)))
     if code == 0 and credentials_warning:
         print(credentials_warning, file=sys.stderr)
     return code
-
-
-def _serve_in_foreground(cfg: MountConfig, checks: Callable[[], None], module: str,
-                         run: Callable[[ModuleType, IndexFile, str], int]) -> int:
-    """``-f``: this process serves (``run(module, index_file, log_target)``, ``module`` the
-    serving process's: ``refmount.fuse.daemon`` or ``refmount.http.daemon``) from an index that a
-    child process parsed (see serving/indexer.py), so that it never holds the parser's heap."""
-    from refmount.sets.setmount import check_catalog
-
-    try:
-        checks()
-    except MountError as e:
-        return _fail(str(e))
-    catalog = getattr(cfg, "catalog", False)
-    indexer = None if catalog else Indexer(cfg)  # a catalogue's sets: by the serving process
-    try:
-        serving = importlib.import_module(module)  # imported while the child parses
-        if indexer is not None:  # and so is the core a set is served from
-            importlib.import_module("refmount.core.setcore")
-    except BaseException:
-        if indexer is not None:
-            indexer.kill()
-        raise
-    try:
-        index_file = check_catalog(cfg) if indexer is None else indexer.result()
-    except (IndexerError, MountError) as e:
-        return _fail(str(e))
-    log_target = setup_logging(cfg, detached=False)
-    try:
-        return run(serving, index_file, log_target)
-    except MountError as e:
-        return _fail(str(e))
-    finally:
-        remove_temporary(index_file)  # serve() removes it once mapped; not if it failed before
-
-
-def _serve_detached(cfg: MountConfig, checks: Callable[[], None],
-                    launch: Callable[[], DaemonLauncher],
-                    on_ready: Callable[[str], None] | None = None) -> int:
-    """The serving process is started first (``launch``: its imports overlap the parse), then
-    SOURCE is indexed and checked here and handed over; a refusal leaves nothing behind."""
-    launcher = None
-    index_file: IndexFile | None = None
-    try:
-        checks()
-        launcher = launch()
-        if getattr(cfg, "catalog", False):  # its sets are indexed by the serving process
-            from refmount.sets.setmount import check_catalog
-
-            index_file = check_catalog(cfg)
-        else:
-            index_file = index_source(cfg)
-            check_index_targets(cfg, index_file)
-            advise_on_decoding(cfg, index_file)
-    except BaseException as e:
-        if launcher is not None:
-            launcher.abort()
-        if index_file is not None:
-            remove_temporary(index_file)  # it holds every target URL of the refused set
-        if isinstance(e, ReferenceSetError | MountError | TargetRefused):
-            return _fail(str(e))
-        if isinstance(e, MemoryError):
-            return _fail(f"{cfg.source}: out of memory while indexing the reference set")
-        raise
-    return launcher.hand_over(cfg, index_file, on_ready)
-
-
-def _fail(message: str) -> int:
-    # Messages name SOURCE or targets, which may carry credentials: never print those.
-    print(f"refmount: error: {redact_url(message)}", file=sys.stderr)
-    return 1
-
-
-class DaemonLauncher:
-    """Starts the daemon process *before* the references are parsed, so that its imports
-    (pyfuse3, trio, fsspec and, with ``preload``, a set's core: pyarrow, numpy, aiohttp; most
-    of a second) overlap the parsing. It waits for its configuration on stdin; closing stdin
-    without one makes it exit. A catalogue's daemon is not preloaded: nothing is parsed
-    before it mounts, and it loads the core once it serves."""
-
-    def __init__(self, mountpoint: str, module: str = "refmount.fuse.daemon", preload: bool = True) -> None:
-        self._read_fd, write_fd = os.pipe()
-        self._errlog = tempfile.TemporaryFile()  # noqa: SIM115 (closed in _close)
-        self.proc = subprocess.Popen(
-            module_command(module, "--ready-fd", str(write_fd), *(["--preload"] if preload else []),
-                           mountpoint),
-            env=child_env(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=self._errlog,
-            pass_fds=(write_fd,),
-            start_new_session=True,
-        )
-        os.close(write_fd)
-
-    def abort(self) -> None:
-        assert self.proc.stdin is not None
-        with contextlib.suppress(OSError):
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self._close()
-
-    def _close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._read_fd)
-        self._errlog.close()
-
-    def hand_over(self, cfg: MountConfig, index_file: IndexFile,
-                  on_ready: Callable[[str], None] | None = None) -> int:
-        """Send the configuration, wait until the mount answers; 0 or a reported failure.
-        ``on_ready`` is given what follows ``READY`` in the daemon's report."""
-        assert self.proc.stdin is not None
-        payload = {"config": vars(cfg), "index": vars(index_file)}
-        try:
-            self.proc.stdin.write(json.dumps(payload).encode())
-            self.proc.stdin.close()
-        except BrokenPipeError:
-            pass  # it died early; its stderr says why
-        message = _read_ready(self._read_fd, READY_TIMEOUT)
-        try:
-            if message is not None and message.split(" ", 1)[0] == "READY":
-                if on_ready is not None:
-                    on_ready(message.partition(" ")[2])
-                return 0
-            return self._failed(message, index_file)
-        finally:
-            self._close()
-
-    def _failed(self, message: str | None, index_file: IndexFile) -> int:
-        # Make sure the daemon is gone and left nothing behind.
-        if message is None:
-            self.proc.terminate()
-        try:
-            code = self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        remove_temporary(index_file)
-        if message and message.startswith("ERROR "):
-            return _fail(message[6:])
-        self._errlog.seek(0)
-        tail = [ln for ln in self._errlog.read().decode(errors="replace").splitlines() if ln.strip()]
-        why = tail[-1] if tail else f"exit status {code}"
-        if message is None:
-            return _fail(f"the daemon did not answer within {READY_TIMEOUT:g} s ({why})")
-        return _fail(f"daemon exited during start-up: {why}")
-
-
-def _read_ready(fd: int, timeout: float) -> str | None:
-    """The daemon's one-line report; '' on EOF without a report; None on timeout."""
-    deadline = time.monotonic() + timeout
-    buf = b""
-    while b"\n" not in buf:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
-            return None
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        buf += chunk
-    return buf.split(b"\n", 1)[0].decode(errors="replace")

@@ -354,10 +354,10 @@ def test_http_clients_reading_slices_of_one_target_keep_a_stream_each(tmp_path: 
 
     from refmount.base import guestloop
     from refmount.base.triocall import TrioCaller
-    from refmount.cli.main import index_source
     from refmount.config import MountConfig, apply_options
     from refmount.core.setcore import build_core
     from refmount.http.frontend import HttpFrontEnd
+    from refmount.serving.preparation import index_source
     from refmount.targets.filesystems import await_task
 
     chunk, per = 64 * KiB, 64

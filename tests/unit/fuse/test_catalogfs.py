@@ -19,10 +19,10 @@ import pyfuse3
 import pytest
 import trio
 
-from refmount.cli.main import index_source
 from refmount.config import MountConfig
 from refmount.core.setcore import build_core
 from refmount.fuse.catalogops import CatalogFS
+from refmount.serving.preparation import index_source
 from refmount.sets.opensets import Sets
 from refmount.sets.setslots import Opened
 

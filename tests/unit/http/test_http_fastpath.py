@@ -21,10 +21,10 @@ from aiohttp.test_utils import make_mocked_request
 
 from refmount.base import guestloop
 from refmount.base.triocall import TrioCaller
-from refmount.cli.main import index_source
 from refmount.config import MountConfig, apply_options
 from refmount.core.setcore import SetCore, build_core
 from refmount.http.frontend import HttpFrontEnd
+from refmount.serving.preparation import index_source
 from refmount.targets.filesystems import await_task
 
 DATA = bytes(range(256)) * 64

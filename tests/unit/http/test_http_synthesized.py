@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from test_http_fastpath import Client, CountingCaller, serve
 
-from refmount.cli.main import index_source
 from refmount.config import MountConfig, apply_options
 from refmount.core.consolidated import MAX_VALUES
 from refmount.core.setcore import SetCore, build_core
 from refmount.http.frontend import UNAVAILABLE
+from refmount.serving.preparation import index_source
 
 
 def core_with_attrs(tmp_path: Path, values: int) -> SetCore:
