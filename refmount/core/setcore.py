@@ -94,8 +94,8 @@ class SetCore:
 
     def metadata_keys(self, names: tuple[str, ...] = (".zarray", ".zattrs", ".zgroup"),
                       ) -> dict[str, bytes | None]:
-        """Every metadata key of the set (``names``) with its bytes as served (the decoded
-        ``.zarray`` under ``-o decode``), None for one that is not inline."""
+        """Every metadata key of the set (``names``) with its bytes as zarr clients read them
+        (``DecodedView.zarr_metadata`` under ``-o decode``), None for one that is not inline."""
         return dict(self.metadata_pairs(names))
 
     def metadata_pairs(self, names: tuple[str, ...] = (".zarray", ".zattrs", ".zgroup"), *,
@@ -132,7 +132,7 @@ class SetCore:
             found.append((key, i))
         found.sort()
         for key, i in found:
-            served = self.view.metadata(key) if self.view is not None else None
+            served = self.view.zarr_metadata(key) if self.view is not None else None
             if served is not None:
                 yield key, served
                 continue
