@@ -16,18 +16,6 @@ echo "test: ruff check ."
 echo "test: lint-imports (the layers contract in pyproject.toml)"
 .venv/bin/lint-imports --no-cache
 
-echo "test: lint-imports (the layers contract in pyproject.toml)"
-.venv/bin/lint-imports --no-cache
-
-echo "test: lint-imports (the layers contract in pyproject.toml)"
-.venv/bin/lint-imports --no-cache
-
-echo "test: lint-imports (the layers contract in pyproject.toml)"
-.venv/bin/lint-imports --no-cache
-
-echo "test: lint-imports (the layers contract in pyproject.toml)"
-.venv/bin/lint-imports --no-cache
-
 if [ $# -gt 0 ]; then
     echo "test: pytest tests -q $*"
     exec .venv/bin/python -m pytest tests -q "$@"
