@@ -38,8 +38,11 @@ class SlowTarget(StreamsWhole):
 
 
 def readahead(target: SlowTarget, max_window: int = 64 * MiB) -> TargetReadahead:
+    # trio's clock (the MockClock's virtual time), not the default monotonic one: the test's
+    # readers and target live in virtual time, and a loaded machine must not change what
+    # counts as recent.
     return TargetReadahead(target, Stats(), capacity=2 * max_window, max_window=max_window,  # type: ignore[arg-type]
-                           grid=4 * MiB)
+                           grid=4 * MiB, clock=trio.current_time)
 
 
 async def read_chunks(ra: TargetReadahead, target: SlowTarget, chunks: list[int], chunk: int,
@@ -185,7 +188,8 @@ async def stretch_of(target: StreamingTarget, chunk: int,
                      nursery: trio.Nursery) -> tuple[TargetReadahead, int]:
     """Keys of ``chunk`` bytes read on demand in order (the first and ``MIN_STREAK`` more):
     readahead fetches a stretch from where they end. The stretch's start."""
-    ra = TargetReadahead(target, Stats(), capacity=64 * MiB, max_window=8 * MiB, grid=4 * MiB)  # type: ignore[arg-type]
+    ra = TargetReadahead(target, Stats(), capacity=64 * MiB, max_window=8 * MiB, grid=4 * MiB,  # type: ignore[arg-type]
+                         clock=trio.current_time)
     for i in range(ra.MIN_STREAK + 1):
         ra.note(URL, i * chunk, (i + 1) * chunk, nursery, miss=True)
     await trio.testing.wait_all_tasks_blocked()  # the stretch's task starts
