@@ -42,6 +42,7 @@ from refmount.core.reader import RefReader
 from refmount.decode.codecplan import DecodedArray
 from refmount.decode.codecworker import CodecWorkers
 from refmount.decode.decoder import ChunkDecoder
+from refmount.decode.sharding import ShardIndexes
 from refmount.decode.view import DecodedTree, DecodedView
 from refmount.refs import IndexFile, Ref, format_named
 from refmount.refs.index import KeyIndex
@@ -284,6 +285,8 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
             # each allowed its chunk's steps and decoded bytes twice over
             workers=CodecWorkers(memory=2 * cfg.max_chunk_bytes + 256 * 2**20,
                                  label=cfg.mountpoint or f"serve-{cfg.listen}"),
+            # sharded Zarr v3 arrays: shard indexes and inner chunks through the reader
+            shards=ShardIndexes(reader.read, reader.size),
         )
     return SetCore(stats=stats, fetcher=fetcher, reader=reader, tree=tree, disk=disk,
                    writer=writer, decoder=decoder, view=view, metadata=opened.metadata,
