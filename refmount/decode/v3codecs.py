@@ -68,13 +68,16 @@ def numcodec(codec: Any) -> Any:
         raise V3Error(f"codec {name!r} not available ({type(e).__name__}: {e})") from None
 
 
-def _retyped(codec: Any, dt: np.dtype, shape: tuple[int, ...]) -> tuple[np.dtype, tuple[int, ...]]:
-    """The dtype and shape an array codec encodes ``dt``/``shape`` to (as zarr resolves them)."""
+def _retyped(codec: Any, conf: dict[str, Any], dt: np.dtype, shape: tuple[int, ...],
+             ) -> tuple[np.dtype, tuple[int, ...]]:
+    """The dtype and shape an array codec encodes ``dt``/``shape`` to, as zarr-python 3
+    resolves them (``delta`` and ``fixedscaleoffset`` change the dtype only with ``astype``
+    in their configuration)."""
     cid = codec.codec_id
     if cid == "astype":
         return np.dtype(codec.encode_dtype), shape
     if cid in ("delta", "fixedscaleoffset"):
-        return np.dtype(codec.astype), shape
+        return (np.dtype(conf["astype"]) if conf.get("astype") else dt), shape
     if cid == "packbits":
         return np.dtype("u1"), (1 + math.ceil(math.prod(shape) / 8),)
     return dt, shape
@@ -113,7 +116,7 @@ class V3Chain:
                 elif name.startswith("numcodecs.") and bare in ARRAY_ARRAY:
                     nc = numcodec(codec)
                     arrays.append(("numcodec", nc, (dt, shape)))
-                    dt, shape = _retyped(nc, dt, shape)
+                    dt, shape = _retyped(nc, codec_config(codec), dt, shape)
                 elif name == "bytes":
                     endian = codec_config(codec).get("endian", "little")
                     if endian not in ("little", "big"):

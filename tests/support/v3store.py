@@ -100,3 +100,60 @@ def render_tree(tree: DecodedTree, out: Path) -> dict[str, bytes]:
 
 def zarr_json(refs: dict[str, Any], path: str) -> dict[str, Any]:
     return json.loads(refs[f"{path}/zarr.json" if path else "zarr.json"])
+
+
+# ---- arrays written by zarr-python 3, and what ncdump prints of them ---------------------------
+
+def codec_sets(ndim: int) -> dict[str, dict[str, Any]]:
+    """Named ``zarr.create_array`` codec arguments covering the v3 codecs the view decodes."""
+    import zarr.codecs as zc
+    import zarr.codecs.numcodecs as znc
+
+    order = list(reversed(range(ndim)))
+    return {
+        "plain": {"compressors": None},
+        "gzip": {"compressors": [zc.GzipCodec(level=5)]},
+        "zstd": {"compressors": [zc.ZstdCodec(level=3)]},
+        "zstd_crc32c": {"compressors": [zc.ZstdCodec(), zc.Crc32cCodec()]},
+        "blosc": {"compressors": [zc.BloscCodec(cname="lz4", shuffle="shuffle")]},
+        "big_gzip": {"serializer": zc.BytesCodec(endian="big"), "compressors": [zc.GzipCodec()]},
+        "transpose": {"filters": [zc.TransposeCodec(order=order)], "compressors": [zc.ZstdCodec()]},
+        "nc_zlib_shuffle": {"compressors": [znc.Shuffle(), znc.Zlib(level=1)]},
+        "nc_delta": {"filters": [znc.Delta(dtype="<i4")], "compressors": [znc.Zstd(level=1)]},
+        "nc_fixedscaleoffset": {"filters": [znc.FixedScaleOffset(offset=0, scale=10, dtype="<f8",
+                                                                 astype="<i4")],
+                                "compressors": [znc.LZ4()]},
+    }
+
+
+def sample(shape: tuple[int, ...], dtype: Any) -> Any:
+    import numpy as np
+
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape)) if shape else 1
+    if dt.kind == "S":
+        words = [b"ab", b"c", b"defg", b"", b"hi"]
+        return np.array([words[i % 5][: dt.itemsize] for i in range(n)], dt).reshape(shape)
+    if dt.kind == "U":
+        return np.array([str(i % 7) for i in range(n)], dt).reshape(shape)
+    if dt.kind == "b":
+        return (np.arange(n) % 3 == 0).reshape(shape)
+    if dt.kind == "M":
+        return np.arange(n).astype(dt).reshape(shape)
+    values = np.arange(1, n + 1) % (100 if dt.itemsize == 1 else 10**6)
+    if dt.kind == "f":
+        values = values * 0.5
+    return values.astype(dt).reshape(shape)
+
+
+def ncdump_values(cdl: str, var: str) -> list[str]:
+    """The tokens ncdump prints for ``var`` in its data section (strings for char arrays)."""
+    import re
+
+    data = cdl.split("data:", 1)[1]
+    m = re.search(r"^\s*" + re.escape(var) + r" =\s*(.*?);\s*$", data, re.S | re.M)
+    assert m, f"{var} not in the data section"
+    body = m.group(1)
+    if body.lstrip().startswith('"'):
+        return re.findall(r'"((?:[^"\\]|\\.)*)"', body)
+    return [t.strip() for t in body.replace("\n", " ").split(",") if t.strip()]
