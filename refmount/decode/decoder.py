@@ -26,6 +26,7 @@ from refmount.cache.blocks import Block, MemoryLRU
 from refmount.decode.codecplan import DecodedArray, DecodeError
 from refmount.decode.codecworker import CodecWorkers, WorkerDied, WorkerError
 from refmount.decode.sharding import ShardError, ShardIndexes
+from refmount.decode.v3tree import MISSING_CHUNK
 from refmount.decode.v3view import V3Array
 from refmount.decode.view import DecodedView
 from refmount.refs import Ref
@@ -163,7 +164,7 @@ class ChunkDecoder:
             t0 = time.perf_counter()
             stored = await self._stored(key, array, ref)
             got = time.perf_counter()
-            if stored is None:  # an inner chunk its shard does not hold
+            if stored is None:  # a v3 chunk not stored, or an inner chunk its shard does not hold
                 assert isinstance(array, V3Array)
                 data = array.fill_chunk()
             else:
@@ -193,6 +194,8 @@ class ChunkDecoder:
     async def _stored(self, key: str, array: DecodedArray, ref: Ref) -> Any:
         """The stored bytes of a chunk: its reference's, or for a sharded v3 array its inner
         chunk's range of the shard (None: the shard does not hold it)."""
+        if ref is MISSING_CHUNK:  # a v3 chunk or shard not stored: the fill value
+            return None
         if not isinstance(array, V3Array) or array.shard is None:
             return await self.read_stored(ref)
         if self.shards is None:

@@ -3,9 +3,11 @@
 * a v3 group's directory (an implicit one too): ``.zgroup`` and ``.zattrs`` first, then its
   children, without ``zarr.json``;
 * a decoded v3 array's directory: ``.zarray``, ``.zattrs`` (unless the array is left out of
-  the netCDF side) and its chunks named as v2 names them (``i.j``, ``0`` for a 0-d array), one
-  per stored chunk -- for a sharded array one per inner chunk of each stored shard -- and
-  nothing else (``zarr.json`` and ``c/`` are not shown);
+  the netCDF side) and every chunk of its grid named as v2 names them (``i.j``, ``0`` for a
+  0-d array; a sharded array's inner chunks), and nothing else (``zarr.json`` and ``c/`` are
+  not shown). A chunk (or shard) not stored is served as the v3 ``fill_value``
+  (``MISSING_CHUNK``): in v2 the ``fill_value`` of missing chunks is also the missing-value
+  marker, which v3's is not;
 * every other directory (an array served as referenced included) as stored.
 
 These files have inode numbers of their own (bit 63: ``kind`` (2 bits) | directory id (21
@@ -32,6 +34,8 @@ _P_MASK = (1 << 40) - 1
 CHUNK, ZARRAY, ZATTRS, ZGROUP = 0, 1, 2, 3
 _NAMES = {ZARRAY: ".zarray", ZATTRS: ".zattrs", ZGROUP: ".zgroup"}
 _META = {".zarray": ZARRAY, ".zattrs": ZATTRS, ".zgroup": ZGROUP}
+# the reference of a chunk (or shard) the set does not store: decoded as the fill value
+MISSING_CHUNK = Ref(RefKind.INLINE, None, 0, 0, b"")
 
 
 def is_synthesized(ino: int) -> bool:
@@ -118,7 +122,7 @@ class V3Tree:
         idx = array.index_of(text)
         if idx is None and text.endswith(".0") and self.view.suffixed(path) is not None:
             idx = array.index_of(text[:-2])  # listed with its string-length dimension's chunk
-        if idx is None or await self._stored(parent, array, idx) is None:
+        if idx is None:
             return True, None
         n = int(np.ravel_multi_index(idx, array.grid)) if idx else 0
         return True, self.node(self._ino(CHUNK, dir_id, n))
@@ -151,18 +155,9 @@ class V3Tree:
                     yield name, ino, is_dir, nxt + 2, size
             return
         count = math.prod(array.grid) if array.ndim else 1
-        found: dict[str, bool] = {}  # stored keys (shards) looked up in this listing
         for n in range(max(start - 2, 0), count):
-            idx = tuple(int(i) for i in np.unravel_index(n, array.grid)) if array.ndim else ()
-            key, _number = array.stored_location(idx)
-            there = found.get(key)
-            if there is None:
-                if len(found) > 4096:
-                    found.clear()
-                there = found[key] = await self._stored(parent, array, idx) is not None
-            if there:
-                yield (self._chunk_name(array, n, listed=True).encode(), self._ino(CHUNK, dir_id, n), False,
-                       n + 3, array.nbytes)
+            yield (self._chunk_name(array, n, listed=True).encode(), self._ino(CHUNK, dir_id, n), False,
+                   n + 3, array.nbytes)
 
     # ---- files --------------------------------------------------------------------------------
     async def ref(self, node: Any) -> Ref:
@@ -176,10 +171,10 @@ class V3Tree:
         array = self.arrays[path]
         idx = tuple(int(i) for i in np.unravel_index(n, array.grid)) if array.ndim else ()
         dir_node = self._dirs.get(dir_id)
-        stored = None if dir_node is None else await self._stored(dir_node, array, idx)
-        if stored is None:
+        if dir_node is None:
             raise FileNotFoundError(path)
-        return await self.inner.ref(stored)
+        stored = await self._stored(dir_node, array, idx)
+        return MISSING_CHUNK if stored is None else await self.inner.ref(stored)
 
     def size(self, node: Any) -> int:
         kind, dir_id, _n = self._parts(node.ino)

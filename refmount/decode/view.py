@@ -24,7 +24,7 @@ import numpy as np
 
 from refmount.config import DECODE_MAX_CHUNK_BYTES
 from refmount.decode.codecplan import DecodedArray, codec_ids, plan_array, rewrite_zarray
-from refmount.decode.ncattrs import dumps_zattrs, netcdf_zattrs
+from refmount.decode.ncattrs import ARRAY_DIMENSIONS, dumps_zattrs, netcdf_zattrs
 from refmount.decode.ncview import NcArray, array_dims, netcdf_array, resolve_dims
 from refmount.decode.v3tree import V3Tree, is_synthesized
 from refmount.decode.v3view import MergedMetadata, V3Layout, set_cut
@@ -293,6 +293,12 @@ class DecodedView:
             return _dumps(zarr)
         if key in self.hidden:
             return None
+        nc = self._nc.get(key[: -len(".zattrs")].rstrip("/")) if key.endswith(".zattrs") else None
+        if nc is not None and nc.strlen and key in self._meta:  # zarr's side: no string-length dimension
+            attrs = json.loads(self._meta[key])
+            if isinstance(attrs.get(ARRAY_DIMENSIONS), list):
+                attrs[ARRAY_DIMENSIONS] = attrs[ARRAY_DIMENSIONS][:-1]
+            return dumps_zattrs(attrs)
         return self._meta.get(key)
 
     def size(self, key: str, stored: int) -> int:

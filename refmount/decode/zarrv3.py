@@ -239,14 +239,39 @@ def parse_node(path: str, doc: Any) -> V3Group | V3ArrayMeta:
                        attrs, dims)
 
 
+def declared_fill(meta: V3ArrayMeta) -> Any:
+    """The missing-value marker a v3 array declares: its ``_FillValue`` attribute (as xarray
+    writes it for v3: a float as base64 of its little-endian double) in v2's JSON encoding, or
+    None. A v3 ``fill_value`` alone marks nothing missing (xarray reads v3 so): it is only the
+    value of chunks not written."""
+    value = meta.attributes.get("_FillValue")
+    if value is None or (isinstance(value, bool) and meta.dtype.kind != "b"):
+        return None
+    kind = meta.dtype.kind
+    try:
+        if kind == "f" and isinstance(value, str) and value not in _FLOAT_WORDS:
+            raw = base64.b64decode(value, validate=True)
+            if len(raw) != 8:
+                return None
+            f = struct.unpack("<d", raw)[0]
+            return "NaN" if math.isnan(f) else "Infinity" if f == math.inf else "-Infinity" if (
+                f == -math.inf) else f
+        return v2_fill(value, meta.dtype)
+    except (V3Error, ValueError):
+        return None
+
+
 def v2_array(meta: V3ArrayMeta, chunks: list[int]) -> dict[str, Any]:
     """``.zarray`` of a v3 array as the view shows it (as stored: no codecs; the view serves
-    it decoded, little-endian). ``chunks``: the chunks of its v2 grid."""
+    it decoded, little-endian). ``chunks``: the chunks of its v2 grid. Its ``fill_value`` is
+    the declared missing value (``declared_fill``), None when there is none: every chunk of
+    the grid is served (one not written as the v3 ``fill_value``), so no v2 reader needs it
+    for data, and v2 readers take it as the missing-value marker."""
     dt = meta.dtype.newbyteorder("<") if meta.dtype.byteorder not in ("|", "=") else meta.dtype
     if dt.byteorder == "=":
         dt = dt.newbyteorder("<")
     return {"zarr_format": 2, "shape": list(meta.shape), "chunks": list(chunks), "dtype": dt.str,
-            "fill_value": meta.fill_value, "order": "C", "compressor": None, "filters": None,
+            "fill_value": declared_fill(meta), "order": "C", "compressor": None, "filters": None,
             "dimension_separator": "."}
 
 
@@ -254,6 +279,12 @@ def v2_attrs(meta: V3ArrayMeta | V3Group) -> dict[str, Any]:
     """``.zattrs`` of a v3 node: its attributes, and an array's ``dimension_names`` as
     ``_ARRAY_DIMENSIONS`` (when each is a name)."""
     attrs = dict(meta.attributes)
+    if isinstance(meta, V3ArrayMeta) and "_FillValue" in attrs:
+        fill = declared_fill(meta)
+        if fill is None:
+            del attrs["_FillValue"]
+        else:
+            attrs["_FillValue"] = fill
     if isinstance(meta, V3ArrayMeta) and meta.dimension_names is not None and all(
             isinstance(d, str) and d for d in meta.dimension_names):
         attrs["_ARRAY_DIMENSIONS"] = list(meta.dimension_names)

@@ -11,6 +11,7 @@ from typing import Any
 import trio
 
 from refmount.decode.sharding import ShardIndexes
+from refmount.decode.v3tree import MISSING_CHUNK
 from refmount.decode.view import DecodedTree, DecodedView
 from refmount.refs import Ref, RefKind
 from refmount.refs.index import KeyIndex
@@ -65,6 +66,8 @@ def render_tree(tree: DecodedTree, out: Path) -> dict[str, bytes]:
     written: dict[str, bytes] = {}
 
     async def chunk_bytes(key: str, array: Any, ref: Ref) -> bytes:
+        if ref is MISSING_CHUNK:
+            return bytes(array.fill_chunk())
         if getattr(array, "shard", None) is not None:
             idx = array.index_of(array.chunk_rel(key))
             _k, number = array.stored_location(idx)

@@ -1,13 +1,16 @@
-"""Zarr v3 arrays written by zarr-python 3 (dtypes x codecs x layouts, sharded ones too) read
-by ncdump through the decoded view, without FUSE (``support.v3store``: the tree as a mount
-serves it, written out): ncdump reads the whole set, and prints for every array it is shown
-the values zarr-python reads from the v3 store (its fill value as ``_``); the arrays netCDF-C
-has no type for are left out, never handed to it."""
+"""Zarr v3 arrays written by zarr-python 3 (dtypes x codecs x layouts, sharded ones too,
+partly written) read by ncdump through the decoded view, without FUSE (``support.v3store``:
+the tree as a mount serves it, written out): ncdump reads the whole set, and prints for every
+array it is shown the values zarr-python reads from the v3 store, ``_`` exactly where they
+equal a declared ``_FillValue`` (as xarray writes it for v3); the arrays netCDF-C has no type
+for are left out, never handed to it."""
 
 from __future__ import annotations
 
+import base64
 import itertools
 import shutil
+import struct
 import subprocess
 import warnings
 
@@ -60,12 +63,17 @@ def write(store_dir, all_cases) -> tuple[dict, dict]:
         if shards is not None:
             kwargs["shards"] = {"shape": shards, "index_location": location}
         name = f"v{n}"
+        declared = fill if fill is not None and i % 2 == 0 and kind in "iuf" else None
+        attrs = {"case": f"{dtype} {codecs}"}
+        if declared is not None:  # a missing-value marker, as xarray writes it for v3
+            attrs["_FillValue"] = (base64.b64encode(struct.pack("<d", declared)).decode() if kind == "f"
+                                   else declared)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 a = root.create_array(name, shape=shape, chunks=chunks, dtype=dt, fill_value=fill,
                                       dimension_names=[f"{name}_d{k}" for k in range(len(shape))] or None,
-                                      attributes={"case": f"{dtype} {codecs}"}, **kwargs)
+                                      attributes=attrs, **kwargs)
                 data = sample(shape, dt if dtype != "str" else "U3").astype(dt if dtype != "str" else object)
                 if part is None:
                     a[...] = data
@@ -74,16 +82,16 @@ def write(store_dir, all_cases) -> tuple[dict, dict]:
         except Exception as e:  # a combination zarr-python itself refuses (delta on strings ...)
             refused[name] = f"{type(e).__name__}: {e}"
             continue
-        made[name] = (all_cases[n], fill)
+        made[name] = (all_cases[n], declared)
     return made, refused
 
 
 def tokens_of(expected: np.ndarray, fill) -> list[str | float | int | None]:
-    """What ncdump should print: None where the value is the fill value (``_``)."""
+    """What ncdump should print: None where the value is the declared fill value (``_``)."""
     out: list = []
-    fill = 0 if fill is None else fill  # zarr's default fill value of a numeric array
     for v in expected.ravel().tolist():
-        is_fill = v == fill or (isinstance(v, float) and np.isnan(v) and np.isnan(fill))
+        nan = isinstance(v, float) and np.isnan(v) and fill is not None and np.isnan(fill)
+        is_fill = fill is not None and (v == fill or nan)
         out.append(None if is_fill else v)
     return out
 
@@ -91,9 +99,8 @@ def tokens_of(expected: np.ndarray, fill) -> list[str | float | int | None]:
 def parse(token: str, kind: str) -> float | int | None:
     if token == "_":
         return None
-    token = token.rstrip("f") if kind == "f" and not token.endswith("Inf") else token
     if kind == "f":
-        return float(token.replace("Infinity", "inf").replace("NaN", "nan"))
+        return float(token.removesuffix("f").replace("Infinity", "inf").replace("NaN", "nan"))
     return int(token)
 
 

@@ -110,7 +110,9 @@ def test_array_metadata_as_v2(tmp_path):
     store_dir, _ = make(tmp_path, data=data, chunks=(2, 3), fill_value=float("nan"),
                         serializer=zarr.codecs.BytesCodec(endian="big"),
                         filters=[zarr.codecs.TransposeCodec(order=[1, 0])],
-                        dimension_names=["y", None], attributes={"units": "K", "valid_range": [0, 10]})
+                        dimension_names=["y", None],
+                        attributes={"units": "K", "valid_range": [0, 10],
+                                    "_FillValue": "AAAAAAAA+H8="})  # NaN, as xarray writes it
     tree, files = decoded(tmp_path, store_dir)
     zarray = json.loads(files["a/.zarray"])
     assert zarray == {"chunks": [2, 3], "compressor": None, "dimension_separator": ".", "dtype": "<f8",
@@ -223,10 +225,12 @@ def test_shard_index_read_once_and_missing_inner_chunks_are_fill(tmp_path, locat
     assert all(got[k] is None for k in got if k not in ((0, 0), (0, 1)))
     assert np.frombuffer(array.fill_chunk(), "<u2").tolist() == [9, 9, 9, 9]
     files = render_tree(tree, tmp_path / "view")
-    # the listing: every inner chunk of the stored shard, none of the missing shard
+    # the listing: every inner chunk, those of the shard not stored too (as the fill value)
     assert sorted(k for k in files if not k.rpartition("/")[2].startswith(".") and k.startswith("a/")) == [
-        f"a/{i}.{j}" for i in range(2) for j in range(4)]
+        f"a/{i}.{j}" for i in range(4) for j in range(4)]
     assert np.frombuffer(files["a/1.3"], "<u2").tolist() == [9, 9, 9, 9]
+    assert np.frombuffer(files["a/3.3"], "<u2").tolist() == [9, 9, 9, 9]
+    assert json.loads(files["a/.zarray"])["fill_value"] is None  # no declared missing value
 
 
 def test_bad_shard_index(tmp_path):
@@ -275,3 +279,19 @@ def test_listing_resumes_and_inodes_resolve(tmp_path):
         assert root == [b".zgroup", b".zattrs", b"a"]
 
     trio.run(main)
+
+
+@pytest.mark.parametrize(("attrs", "dtype", "want"), [
+    ({}, "f4", None), ({"_FillValue": "AAAAAAAA+H8="}, "f4", "NaN"),
+    ({"_FillValue": "AAAAAICHw8A="}, "f8", -9999.0), ({"_FillValue": -9999.0}, "f8", -9999.0),
+    ({"_FillValue": -1}, "i2", -1), ({"_FillValue": "AAAA"}, "f8", None), ({"_FillValue": True}, "i2", None),
+])
+def test_declared_missing_value(attrs, dtype, want):
+    """Only a ``_FillValue`` attribute marks values missing (xarray reads v3 so); the v3
+    fill_value (here 5) is the value of chunks not written."""
+    from refmount.decode.zarrv3 import V3ArrayMeta, declared_fill, v2_array, v2_attrs
+
+    meta = V3ArrayMeta("a", [2], [2], np.dtype(dtype), 5, [], "default", "/", attrs)
+    assert declared_fill(meta) == want
+    assert v2_array(meta, [2])["fill_value"] == want
+    assert v2_attrs(meta).get("_FillValue") == want
