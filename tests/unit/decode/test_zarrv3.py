@@ -295,3 +295,29 @@ def test_declared_missing_value(attrs, dtype, want):
     assert declared_fill(meta) == want
     assert v2_array(meta, [2])["fill_value"] == want
     assert v2_attrs(meta).get("_FillValue") == want
+
+
+def test_a_v3_chain_runs_in_a_codec_worker(tmp_path):
+    """A v3 chain with a codec off the allow-list is decoded in a codec worker process, which
+    builds it from its spec (``chain_from_spec``) as it builds v2's."""
+    from refmount.decode.codecworker import CodecWorkers
+    from refmount.decode.v3codecs import V3Chain, chain_from_spec
+
+    data = np.arange(24, dtype=">f8").reshape(4, 6)
+    store_dir, _ = make(tmp_path, data=data, chunks=(4, 6), serializer=zarr.codecs.BytesCodec(endian="big"),
+                        filters=[zarr.codecs.TransposeCodec(order=[1, 0])],
+                        compressors=[zarr.codecs.GzipCodec(), zarr.codecs.Crc32cCodec()])
+    chain = decoded_tree(store_refs(store_dir)).view.arrays["a"].chain
+    assert isinstance(chain, V3Chain) and not chain.isolated
+    stored = (store_dir / "a" / "c" / "0" / "0").read_bytes()
+    again = chain_from_spec(chain.spec())
+    assert bytes(again.decode(stored)) == bytes(chain.decode(stored)) == data.astype("<f8").tobytes()
+    workers = CodecWorkers(memory=256 << 20, cpu_seconds=5, timeout=60, label=str(tmp_path))
+    try:
+        assert workers.decode(chain.spec(), stored, chain.nbytes) == data.astype("<f8").tobytes()
+    finally:
+        workers.close()
+    with pytest.raises(V3Error, match="not known"):
+        V3Chain([{"name": "bytes"}, {"name": "fancy"}], np.dtype("f4"), (2,))
+    odd = V3Chain([{"name": "bytes"}, {"name": "numcodecs.base64"}], np.dtype("f4"), (2,))
+    assert not odd.isolated and odd.steps[0][2] == 8  # base64 decodes at most its input's bound
