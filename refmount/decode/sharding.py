@@ -29,6 +29,7 @@ from refmount.decode.zarrv3 import V3Error, codec_config, codec_name
 
 EMPTY = 2**64 - 1
 INDEX_CACHE_BYTES = 64 << 20  # shard indexes kept (decoded), across arrays
+MAX_INDEX_BYTES = 16 << 20  # the largest shard index read (a million inner chunks a shard)
 
 
 class ShardError(ValueError):
@@ -87,6 +88,9 @@ def sharding_layout(shape: list[int], shard_shape: list[int], codec: Any,
         raise V3Error("index_codecs is not a list")
     n = math.prod(per_shard)
     size = 16 * n
+    if size > MAX_INDEX_BYTES:
+        raise V3Error(f"a shard's index is {size:,} bytes ({n:,} inner chunks), more than the "
+                      f"{MAX_INDEX_BYTES:,} read")
     for c in index_codecs:
         name = codec_name(c)
         if name == "crc32c":

@@ -39,6 +39,7 @@ from refmount.decode.zarrv3 import (
 )
 
 MAX_ZARR_JSON_BYTES = 1 << 20
+MAX_CHUNKS = 1 << 40  # chunks of one array's grid (decode/v3tree.py numbers them in 40 bits)
 
 
 @dataclass
@@ -111,6 +112,8 @@ def plan_v3_array(meta: V3ArrayMeta, max_chunk_bytes: int) -> tuple[V3Array | No
         return None, (f"a step of decoding a chunk may produce {chain.peak:,} bytes, more than "
                       f"twice max_chunk_bytes={max_chunk_bytes:,}")
     grid = tuple(-(-s // c) for s, c in zip(meta.shape, chunks, strict=True))
+    if math.prod(grid) > MAX_CHUNKS:
+        return None, f"{math.prod(grid):,} chunks, more than the {MAX_CHUNKS:,} the view numbers"
     served = chain.out_dtype
     ids = [names[0], *reversed(names[1:])] if shard is not None else list(reversed(names))
     return V3Array(meta.path, len(chunks), ".", served, served, nbytes, ids, None, [], grid, chain,  # type: ignore[arg-type]

@@ -321,3 +321,18 @@ def test_a_v3_chain_runs_in_a_codec_worker(tmp_path):
         V3Chain([{"name": "bytes"}, {"name": "fancy"}], np.dtype("f4"), (2,))
     odd = V3Chain([{"name": "bytes"}, {"name": "numcodecs.base64"}], np.dtype("f4"), (2,))
     assert not odd.isolated and odd.steps[0][2] == 8  # base64 decodes at most its input's bound
+
+
+def test_arrays_too_large_to_serve_are_refused():
+    """A hostile zarr.json: more chunks than the view numbers, a shard index larger than read."""
+    from refmount.decode.v3view import plan_v3_array
+
+    many = parse_node("a", {**ARRAY, "shape": [2**50], "chunk_grid": {
+        "name": "regular", "configuration": {"chunk_shape": [1]}}})
+    assert plan_v3_array(many, 256 << 20) == (
+        None, f"{2**50:,} chunks, more than the {2**40:,} the view numbers")
+    shard = {"name": "sharding_indexed", "configuration": {"chunk_shape": [1], "codecs": [{"name": "bytes"}]}}
+    sharded = parse_node("a", {**ARRAY, "shape": [2**30], "chunk_grid": {
+        "name": "regular", "configuration": {"chunk_shape": [2**30]}}, "codecs": [shard]})
+    array, why = plan_v3_array(sharded, 256 << 20)
+    assert array is None and "index is 17,179,869,184 bytes" in why
