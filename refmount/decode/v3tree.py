@@ -54,7 +54,7 @@ class V3Tree:
         layout = view.v3
         self.arrays: dict[str, V3Array] = {p: a for p, a in layout.plans.items() if p in view.arrays}
         self.groups = set(layout.groups)
-        self.paths = sorted(set(self.arrays) | self.groups)[: _ID_MASK + 1]
+        self.paths = sorted(set(self.arrays) | self.groups)[: _ID_MASK + 1]  # (V3Layout: MAX_NODES)
         self._ids = {p: i for i, p in enumerate(self.paths)}
         self._dirs: dict[int, Any] = {}  # id -> the stored directory node (seen)
 

@@ -40,6 +40,7 @@ from refmount.decode.zarrv3 import (
 
 MAX_ZARR_JSON_BYTES = 1 << 20
 MAX_CHUNKS = 1 << 40  # chunks of one array's grid (decode/v3tree.py numbers them in 40 bits)
+MAX_NODES = 1 << 21  # v3 groups and decoded arrays of a set (decode/v3tree.py numbers them in 21 bits)
 
 
 @dataclass
@@ -194,6 +195,12 @@ class V3Layout:
                 if head in self.plans or head in self.metas or head in v2_dirs:
                     break
                 self.groups.setdefault(head, V3Group(head, {}))
+        over = len(self.groups) + len(self.plans) - MAX_NODES
+        for path in sorted(self.plans)[max(len(self.plans) - over, 0) :] if over > 0 else []:
+            del self.plans[path]
+            prefix = f"{path}/" if path else ""
+            del self.docs[prefix + ".zarray"], self.docs[prefix + ".zattrs"]
+            self.refused[path or "/"] = f"more than {MAX_NODES:,} v3 groups and arrays in the set"
         for path, group in self.groups.items():
             prefix = f"{path}/" if path else ""
             self.docs[prefix + ".zgroup"] = b'{\n    "zarr_format": 2\n}'
