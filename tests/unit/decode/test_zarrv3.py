@@ -336,3 +336,18 @@ def test_arrays_too_large_to_serve_are_refused():
         "name": "regular", "configuration": {"chunk_shape": [2**30]}}, "codecs": [shard]})
     array, why = plan_v3_array(sharded, 256 << 20)
     assert array is None and "index is 17,179,869,184 bytes" in why
+
+
+def test_inspect_lists_v3_arrays_and_why_one_is_not_decoded(tmp_path):
+    from refmount.cli.tools import format_inspect, inspect
+
+    doc = {**ARRAY, "codecs": [{"name": "bytes"}, {"name": "fancy"}]}
+    refs = {"zarr.json": json.dumps({"zarr_format": 3, "node_type": "group"}),
+            "a/zarr.json": json.dumps(doc), "a/c/0": "base64:AAAA",
+            "b/zarr.json": json.dumps(ARRAY), "b/c/0": "base64:AQAAAAIAAAA="}
+    path = tmp_path / "v3.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    info = inspect(str(path), {})
+    assert info["arrays"]["b"]["decode"] == "decoded" and info["arrays"]["b"]["codecs"] == ["bytes"]
+    assert "fancy" in info["arrays"]["a"]["decode"] and "fancy" in info["arrays"]["a"]["netcdf"]
+    assert "a: codec 'fancy' is not known to the decoded view" in format_inspect(info)
