@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import trio
 
 from refmount.base.lru import LRU
 from refmount.base.singleflight import SingleFlight
@@ -138,7 +139,10 @@ class ShardIndexes:
         if len(stored) != n:
             raise ShardError(f"shard index: read {len(stored):,} bytes of {n:,}")
         self.reads += 1
-        index = layout.decode_index(stored)
+        if n > 1 << 20:  # a large index's checksum and copy off the event loop
+            index = await trio.to_thread.run_sync(layout.decode_index, stored)
+        else:
+            index = layout.decode_index(stored)
         found = (index, total)
         self._cache.put(key, found)
         return found
