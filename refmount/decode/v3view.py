@@ -156,13 +156,15 @@ class V3Layout:
         self.plans: dict[str, V3Array] = {}  # arrays served decoded
         self.refused: dict[str, str] = {}  # path -> why the node is served as stored
         self.docs: dict[str, bytes] = {}  # v2 metadata keys shown -> their documents
+        found = [k for k in metadata if k == ZARR_JSON or k.endswith("/" + ZARR_JSON)]
+        if not found:
+            return  # no v3 node: nothing else read (a v2 set's metadata keys are not fetched)
         v2_dirs = {k.rpartition("/")[0] if "/" in k else "" for k in metadata
                    if k.rpartition("/")[2] in (".zgroup", ".zarray")}
-        for key, data in metadata.items():
-            if not (key == ZARR_JSON or key.endswith("/" + ZARR_JSON)):
-                continue
+        for key in found:
             path = key[: -len(ZARR_JSON)].rstrip("/")
             try:
+                data = metadata[key]
                 if data is None:
                     raise V3Error("zarr.json is not inline in the reference set")
                 if len(data) > MAX_ZARR_JSON_BYTES:
