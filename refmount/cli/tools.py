@@ -83,7 +83,7 @@ def inspect(source: str, target_options: dict[str, Any],
         for key, ref in iter_references(source, target_options, progress, quirks):
             keys += 1
             head, _, name = key.rpartition("/")
-            if name.endswith((".zarray", ".zmetadata")):
+            if name.endswith((".zarray", ".zmetadata")) or name == "zarr.json":
                 metadata[key] = ref.data if ref.kind is RefKind.INLINE else None
             elif name[:1].isdigit():
                 tally = stored.setdefault(head, [0, 0])
@@ -164,6 +164,9 @@ def _decoded_sizes(arrays: dict[str, dict[str, Any]], metadata: dict[str, bytes 
     from refmount.decode.view import DecodedView
 
     view = DecodedView(metadata)
+    for path, meta in view.v3.metas.items():  # Zarr v3 arrays (zarr.json)
+        arrays.setdefault(path, {"shape": meta.shape, "chunks": meta.chunk_shape, "dtype": str(meta.dtype),
+                                 "compressor": "zarr v3", "filters": []})
     totals: dict[str, list[int]] = {}
     for head, (n, nbytes) in stored.items():
         probe = view.array_of(f"{head}/0" if head else "0")  # any directory of a decoded array
@@ -183,7 +186,8 @@ def _decoded_sizes(arrays: dict[str, dict[str, Any]], metadata: dict[str, bytes 
         a["codecs"] = view.codecs.get(path, [])
         a["chunks_referenced"] = n
         a["stored_bytes"] = nbytes
-        a["decoded_bytes"] = n * array.nbytes if array is not None else nbytes
+        per_stored = getattr(getattr(array, "shard", None), "count", 1)  # a shard's inner chunks
+        a["decoded_bytes"] = n * per_stored * array.nbytes if array is not None else nbytes
         if (path or "/") in view.left_out:
             a["netcdf"] = "left out: " + view.left_out[path or "/"]
         a["decode"] = ("decoded" if array is not None

@@ -42,6 +42,7 @@ from refmount.core.reader import RefReader
 from refmount.decode.codecplan import DecodedArray
 from refmount.decode.codecworker import CodecWorkers
 from refmount.decode.decoder import ChunkDecoder
+from refmount.decode.sharding import ShardIndexes
 from refmount.decode.view import DecodedTree, DecodedView
 from refmount.refs import IndexFile, Ref, format_named
 from refmount.refs.index import KeyIndex
@@ -117,13 +118,17 @@ class SetCore:
             hits = hit if hits is None else pc.or_(hits, hit)
         if hits is None:
             return
-        rows = np.flatnonzero(hits.to_numpy(zero_copy_only=False))
+        rows = np.flatnonzero(hits.to_numpy(zero_copy_only=False)).tolist()
+        # Zarr v3 nodes under -o decode: the v2 documents shown for them (no stored key)
+        shown = [k for k in (self.view.v3.docs if self.view is not None else ())
+                 if k.rpartition("/")[2] in names]
+        rows += [-1 - n for n in range(len(shown))]
         if max_keys is not None and len(rows) > max_keys:
             raise ConsolidationRefused(f"it has more than {max_keys:,} metadata keys")
         found: list[tuple[str, int]] = []
         total = 0
-        for i in rows.tolist():
-            key = self.metadata.key(i).decode("utf-8", "surrogateescape")
+        for i in rows:
+            key = shown[-1 - i] if i < 0 else self.metadata.key(i).decode("utf-8", "surrogateescape")
             if key.rpartition("/")[2] not in names:
                 continue
             total += len(key)
@@ -131,10 +136,18 @@ class SetCore:
                 raise ConsolidationRefused(f"its metadata keys' names hold more than {max_bytes:,} bytes")
             found.append((key, i))
         found.sort()
+        last = None
         for key, i in found:
+            if key == last:
+                continue  # a stored key that is also shown for a v3 node: the view's
+            last = key
             served = self.view.zarr_metadata(key) if self.view is not None else None
             if served is not None:
                 yield key, served
+                continue
+            if i < 0:  # a v3 array's, left out of the netCDF side: as converted
+                assert self.view is not None
+                yield key, self.view.v3.docs[key]
                 continue
             ref = self.metadata.ref(i)
             yield key, ref.data if ref.kind is RefKind.INLINE else None
@@ -284,6 +297,8 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
             # each allowed its chunk's steps and decoded bytes twice over
             workers=CodecWorkers(memory=2 * cfg.max_chunk_bytes + 256 * 2**20,
                                  label=cfg.mountpoint or f"serve-{cfg.listen}"),
+            # sharded Zarr v3 arrays: shard indexes and inner chunks through the reader
+            shards=ShardIndexes(reader.read, reader.size),
         )
     return SetCore(stats=stats, fetcher=fetcher, reader=reader, tree=tree, disk=disk,
                    writer=writer, decoder=decoder, view=view, metadata=opened.metadata,

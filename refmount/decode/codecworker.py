@@ -238,6 +238,7 @@ def _read_exact(f: Any, n: int) -> bytes | None:
 def serve(memory: int, cpu_seconds: int) -> int:
     """Decode requests from stdin until it closes."""
     from refmount.decode.chunkcodecs import ChunkCodecs
+    from refmount.decode.v3codecs import V3Chain, chain_from_spec
 
     _die_with_parent()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -255,7 +256,7 @@ def serve(memory: int, cpu_seconds: int) -> int:
     os.dup2(null, 0)
     os.close(null)
     sys.stdout = sys.stderr
-    plans: dict[bytes, ChunkCodecs] = {}
+    plans: dict[bytes, ChunkCodecs | V3Chain] = {}
     while True:
         head = _read_exact(stdin, 4)
         if head is None:
@@ -271,7 +272,7 @@ def serve(memory: int, cpu_seconds: int) -> int:
             if plan is None:
                 if len(plans) >= SPECS_KEPT:
                     plans.clear()
-                plan = plans[spec] = ChunkCodecs.from_spec(spec)
+                plan = plans[spec] = chain_from_spec(spec)  # v2's chain or a Zarr v3 one
             out = plan.decode(stored)
             status, payload = 0, out
         except MemoryError:

@@ -25,6 +25,9 @@ from refmount.base.workers import WorkerPool
 from refmount.cache.blocks import Block, MemoryLRU
 from refmount.decode.codecplan import DecodedArray, DecodeError
 from refmount.decode.codecworker import CodecWorkers, WorkerDied, WorkerError
+from refmount.decode.sharding import ShardError, ShardIndexes
+from refmount.decode.v3tree import MISSING_CHUNK
+from refmount.decode.v3view import V3Array
 from refmount.decode.view import DecodedView
 from refmount.refs import Ref
 
@@ -83,6 +86,7 @@ class ChunkDecoder:
         on_error: Callable[[], None] | None = None,
         stats: Any = None,
         workers: CodecWorkers | None = None,
+        shards: ShardIndexes | None = None,
     ) -> None:
         self.view = view
         self.memory = memory
@@ -94,6 +98,7 @@ class ChunkDecoder:
         self.on_error = on_error
         self.stats = stats  # a Stats: its decoded / decoded_ahead counters
         self.workers = workers  # codec worker processes, for arrays with codecs off the allow-list
+        self.shards = shards  # shard indexes of sharded Zarr v3 arrays (decode/sharding.py)
         self.decoded = 0  # chunks decoded
         self.decoded_ahead = 0  # of those, decoded ahead of a reader
         self._flights: SingleFlight[str, Block] = SingleFlight()
@@ -157,13 +162,17 @@ class ChunkDecoder:
 
         try:
             t0 = time.perf_counter()
-            stored = await self.read_stored(ref)
+            stored = await self._stored(key, array, ref)
             got = time.perf_counter()
-            await self.budget.acquire(array.nbytes)
-            try:
-                data = await self.pool.run(decode)
-            finally:
-                await self.budget.release(array.nbytes)
+            if stored is None:  # a v3 chunk not stored, or an inner chunk its shard does not hold
+                assert isinstance(array, V3Array)
+                data = array.fill_chunk()
+            else:
+                await self.budget.acquire(array.nbytes)
+                try:
+                    data = await self.pool.run(decode)
+                finally:
+                    await self.budget.release(array.nbytes)
         except DecodeError as e:
             if self.on_error is not None:
                 self.on_error()
@@ -181,6 +190,25 @@ class ChunkDecoder:
             self.stats.decoded_ahead += ahead
         self.memory.put(DecodedKey(key), data)
         return data
+
+    async def _stored(self, key: str, array: DecodedArray, ref: Ref) -> Any:
+        """The stored bytes of a chunk: its reference's, or for a sharded v3 array its inner
+        chunk's range of the shard (None: the shard does not hold it)."""
+        if ref is MISSING_CHUNK:  # a v3 chunk or shard not stored: the fill value
+            return None
+        if not isinstance(array, V3Array) or array.shard is None:
+            return await self.read_stored(ref)
+        if self.shards is None:
+            raise DecodeError("a sharded array needs shard indexes, and this decoder has none")
+        idx = array.index_of(array.chunk_rel(key))
+        if idx is None:
+            raise DecodeError(f"{key} is not a chunk of the array")
+        _shard, number = array.stored_location(idx)
+        assert number is not None
+        try:
+            return await self.shards.inner(ref, array.shard, number, array.stored_bound)
+        except ShardError as e:
+            raise DecodeError(str(e)) from None
 
     # ---- decoding ahead ---------------------------------------------------------------------
     def _maybe_ahead(self, key: str, array: DecodedArray) -> None:

@@ -24,8 +24,11 @@ import numpy as np
 
 from refmount.config import DECODE_MAX_CHUNK_BYTES
 from refmount.decode.codecplan import DecodedArray, codec_ids, plan_array, rewrite_zarray
-from refmount.decode.ncattrs import dumps_zattrs, netcdf_zattrs
+from refmount.decode.ncattrs import ARRAY_DIMENSIONS, dumps_zattrs, netcdf_zattrs
 from refmount.decode.ncview import NcArray, array_dims, netcdf_array, resolve_dims
+from refmount.decode.v3tree import V3Tree, is_synthesized
+from refmount.decode.v3view import MergedMetadata, V3Layout, set_cut
+from refmount.decode.zarrv3 import ZARR_JSON
 from refmount.refs import Ref, RefKind
 
 log = logging.getLogger(__name__)
@@ -97,6 +100,14 @@ class DecodedView:
         # fixed-width string arrays shown as char: their chunk names (listed with ".0" added)
         self._suffixed: dict[str, re.Pattern[str]] = {}
         nc_shown: dict[str, NcArray] = {}  # array path -> as netCDF-C is shown it
+        # Zarr v3: each zarr.json shown as v2 documents (decode/v3view.py)
+        self.v3 = V3Layout(metadata, max_chunk_bytes)
+        for path, why in self.v3.refused.items():
+            self.skipped[path] = why
+            self.left_out[path] = f"not decoded: {why}"
+        if self.v3.docs:
+            metadata = MergedMetadata(metadata, self.v3.docs)
+            self._meta.update((k, v) for k, v in self.v3.docs.items() if k.endswith(".zgroup"))
         for key, data in metadata.items():
             if not (key == ".zarray" or key.endswith("/.zarray")):
                 continue
@@ -116,7 +127,13 @@ class DecodedView:
             if isinstance(meta, dict):
                 self.codecs[path] = codec_ids(meta)
             nc = netcdf_array(meta)
-            array, reason = plan_array(path, meta, max_chunk_bytes, nc.cut)
+            v3 = self.v3.plans.get(path) if key in self.v3.docs else None
+            if v3 is not None:
+                set_cut(v3, nc.cut)
+                array, reason = v3, None
+                self.codecs[path] = list(v3.codecs)
+            else:
+                array, reason = plan_array(path, meta, max_chunk_bytes, nc.cut)
             if array is not None:
                 self.arrays[path] = array
                 served = rewrite_zarray(meta)
@@ -241,7 +258,7 @@ class DecodedView:
 
         keys = index.table["key"]
         hits = pc.or_(pc.or_(pc.ends_with(keys, pattern=".zarray"), pc.ends_with(keys, pattern=".zattrs")),
-                      pc.ends_with(keys, pattern=".zmetadata"))
+                      pc.or_(pc.ends_with(keys, pattern=".zmetadata"), pc.ends_with(keys, pattern=ZARR_JSON)))
         rows = np.flatnonzero(hits.to_numpy(zero_copy_only=False)).tolist()
         return cls(IndexMetadata(index, rows), max_chunk_bytes)
 
@@ -276,6 +293,12 @@ class DecodedView:
             return _dumps(zarr)
         if key in self.hidden:
             return None
+        nc = self._nc.get(key[: -len(".zattrs")].rstrip("/")) if key.endswith(".zattrs") else None
+        if nc is not None and nc.strlen and key in self._meta:  # zarr's side: no string-length dimension
+            attrs = json.loads(self._meta[key])
+            if isinstance(attrs.get(ARRAY_DIMENSIONS), list):
+                attrs[ARRAY_DIMENSIONS] = attrs[ARRAY_DIMENSIONS][:-1]
+            return dumps_zattrs(attrs)
         return self._meta.get(key)
 
     def size(self, key: str, stored: int) -> int:
@@ -366,20 +389,33 @@ class DecodedTree:
         self.inner = inner
         self.view = view
         self.root = inner.root
+        self.v3 = V3Tree(inner, view) if view.v3 else None  # Zarr v3 nodes shown as v2
 
     def node(self, ino: int) -> Any:
+        if self.v3 is not None and is_synthesized(ino):
+            return self.v3.node(ino)
         return self.inner.node(ino)
 
     def path(self, node: Any) -> bytes:
+        if self.v3 is not None and is_synthesized(node.ino):
+            return self.v3.path(node)
         return self.inner.path(node)
 
     def parent(self, node: Any) -> Any:
+        if self.v3 is not None and is_synthesized(node.ino):
+            return self.v3.parent(node)
         return self.inner.parent(node)
 
     def __len__(self) -> int:
         return len(self.inner)
 
     async def lookup(self, parent: Any, name: bytes) -> Any:
+        if self.v3 is not None:
+            path = self._str(self.inner.path(parent))
+            if self.v3.handles(path):
+                answered, node = await self.v3.lookup(parent, path, name)
+                if answered:
+                    return node
         if name[:1] == b"." and self.view.hidden:
             parent_path = self.inner.path(parent)
             key = (parent_path + b"/" + name) if parent_path else name
@@ -397,6 +433,10 @@ class DecodedTree:
 
     async def entries(self, parent: Any, start: int = 0) -> AsyncIterator[tuple]:
         dir_path = self._str(self.inner.path(parent))
+        if self.v3 is not None and self.v3.handles(dir_path):
+            async for entry in self.v3.entries(parent, dir_path, start):
+                yield entry
+            return
         sizer = self.view.entry_sizer(dir_path)
         prefix = dir_path + "/" if dir_path else ""
         hidden = self.view.hidden
@@ -411,6 +451,8 @@ class DecodedTree:
             yield name, ino, is_dir, nxt, size
 
     async def ref(self, node: Any) -> Ref:
+        if self.v3 is not None and is_synthesized(node.ino):
+            return await self.v3.ref(node)
         ref = await self.inner.ref(node)
         meta = self.view.metadata(self._str(self.inner.path(node)))
         if meta is not None:
@@ -418,6 +460,8 @@ class DecodedTree:
         return ref
 
     async def size(self, node: Any) -> int:
+        if self.v3 is not None and is_synthesized(node.ino):
+            return self.v3.size(node)
         key = self._str(self.inner.path(node))
         meta = self.view.metadata(key)
         if meta is not None:
@@ -431,18 +475,20 @@ class DecodedTree:
         """The decoded array whose chunk ``node`` is (None: served as referenced)."""
         if node.is_dir:
             return None
+        if self.v3 is not None and is_synthesized(node.ino):
+            return self.v3.array(node)
         return self.view.array_of(self._str(self.inner.path(node)))
 
     async def resolve(self, key: str) -> tuple[Any, Ref] | None:
         """Node and stored reference of ``key`` (for decoding ahead), None if absent."""
         node = self.root
         for part in key.encode("utf-8", "surrogateescape").split(b"/"):
-            node = await self.inner.lookup(node, part)
+            node = await self.lookup(node, part)
             if node is None:
                 return None
         if node.is_dir:
             return None
         try:
-            return node, await self.inner.ref(node)
+            return node, await self.ref(node)
         except FileNotFoundError:
             return None

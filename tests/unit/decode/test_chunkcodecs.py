@@ -186,3 +186,19 @@ def test_bomb_inside_a_worker_chain_is_bounded_too(workers):
                     [comp.get_config(), PlainCodec().get_config()], ceiling=2048)
     with pytest.raises(WorkerError, match=r"zlib.*more than 2,048 bytes"):
         workers.decode(c.spec(), bomb("zlib", 32 * MiB), 1024)
+
+
+@pytest.mark.parametrize("checksum", ["crc32", "crc32c", "adler32", "fletcher32", "jenkins_lookup3"])
+def test_checksum_filters_decode_within_their_bound(checksum):
+    """A checksum filter's output is its input less the 4-byte checksum: a v2 array with one
+    (and a Zarr v3 ``crc32c``) decodes, and a mismatch fails naming the codec."""
+    data = np.arange(256, dtype="<f4")
+    filt = numcodecs.get_codec({"id": checksum})
+    comp = numcodecs.Zlib(level=1)
+    stored = comp.encode(filt.encode(data.tobytes()))
+    chain = ChunkCodecs(comp, [filt], np.dtype("<f4"), data.nbytes)
+    assert bytes(chain.decode(stored)) == data.tobytes()
+    bad = bytearray(filt.encode(data.tobytes()))
+    bad[10] ^= 1
+    with pytest.raises(ValueError, match=checksum):
+        chain.decode(comp.encode(bytes(bad)))
