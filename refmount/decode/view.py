@@ -95,6 +95,7 @@ class DecodedView:
         self.codecs: dict[str, list[str]] = {}  # array path -> codec ids (every array)
         self.left_out: dict[str, str] = {}  # array path -> why netCDF clients do not see it
         self.hidden: set[str] = set()  # metadata keys not listed (arrays left out of netCDF)
+        self.sampled = False  # made from only the first metadata keys (from_index's ``first``)
         self._meta: dict[str, bytes] = {}  # rewritten metadata keys
         self._zarr: dict[str, dict[str, Any]] = {}  # .zarray key -> as zarr clients get it
         # fixed-width string arrays shown as char: their chunk names (listed with ".0" added)
@@ -251,16 +252,21 @@ class DecodedView:
         return _dumps({**obj, "metadata": new})
 
     @classmethod
-    def from_index(cls, index: Any, max_chunk_bytes: int = DECODE_MAX_CHUNK_BYTES) -> DecodedView:
+    def from_index(cls, index: Any, max_chunk_bytes: int = DECODE_MAX_CHUNK_BYTES,
+                   first: int | None = None) -> DecodedView:
         """From a ``KeyIndex``: its ``.zarray``, ``.zattrs`` and ``.zmetadata`` keys, found with
-        one vectorised pass over the key column (``IndexMetadata``: nothing copied up front)."""
+        one vectorised pass over the key column (``IndexMetadata``: nothing copied up front).
+        ``first``: only that many of those keys, in key order (a sample, for a note)."""
         import pyarrow.compute as pc
 
         keys = index.table["key"]
         hits = pc.or_(pc.or_(pc.ends_with(keys, pattern=".zarray"), pc.ends_with(keys, pattern=".zattrs")),
                       pc.or_(pc.ends_with(keys, pattern=".zmetadata"), pc.ends_with(keys, pattern=ZARR_JSON)))
-        rows = np.flatnonzero(hits.to_numpy(zero_copy_only=False)).tolist()
-        return cls(IndexMetadata(index, rows), max_chunk_bytes)
+        rows = np.flatnonzero(hits.to_numpy(zero_copy_only=False))
+        sampled = first is not None and len(rows) > first
+        view = cls(IndexMetadata(index, rows[:first].tolist()), max_chunk_bytes)
+        view.sampled = sampled
+        return view
 
     # ---- what a key is --------------------------------------------------------------------
     def array_of(self, key: str) -> DecodedArray | None:

@@ -87,6 +87,9 @@ def check_index_targets(cfg: MountConfig, index_file: IndexFile) -> None:
     check_targets(cfg, targets)
 
 
+NOTE_KEYS = 30_000  # metadata keys the note on encoded arrays reads (without -o decode)
+
+
 def advise_on_decoding(cfg: MountConfig, index_file: IndexFile) -> None:
     """On stderr before the daemon takes over (its warnings go to its log): with ``-o decode``,
     the arrays served as referenced; without it, one note when some arrays are compressed or
@@ -96,7 +99,9 @@ def advise_on_decoding(cfg: MountConfig, index_file: IndexFile) -> None:
 
     metadata = format_named(index_file.kind).metadata(index_file, cfg.source, cfg.target_options,
                                                       bad_keys=cfg.bad_keys)
-    view = DecodedView.from_index(metadata, cfg.max_chunk_bytes)
+    # Without -o decode the note looks at the first NOTE_KEYS metadata keys only: a set of a
+    # million arrays must not spend minutes on a hint before it is served.
+    view = DecodedView.from_index(metadata, cfg.max_chunk_bytes, first=None if cfg.decode else NOTE_KEYS)
     if cfg.decode:
         view.warn()
         return
@@ -105,7 +110,10 @@ def advise_on_decoding(cfg: MountConfig, index_file: IndexFile) -> None:
         return
     names = sorted(path or "/" for path in encoded)
     codecs = sorted({c for path in encoded for c in view.codecs.get(path, [])})
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    if view.sampled:
+        more += f" (among the first {NOTE_KEYS:,} metadata keys)"
+    shown = ", ".join(names[:3]) + more
     how = f"use codecs ({', '.join(codecs)})" if codecs else "are stored big-endian"
     again = "serve with 'refmount serve SOURCE -o decode'" if cfg.serving else "mount with -o decode"
     print(f"refmount: note: arrays {shown} {how}: clients without zarr's codecs (ncdump, CDO, "
