@@ -22,9 +22,12 @@ from refmount.targets.rules import TargetRules
 
 
 def iter_references(source: str, target_options: dict[str, Any], progress: Progress | None = None,
-                    quirks: dict[str, int] | None = None) -> Iterator[tuple[str, Ref]]:
-    """(key, Ref) pairs; ``quirks`` (when given) receives the producer quirks accepted."""
-    pairs = detect_format(source, target_options).references(source, target_options, quirks)
+                    quirks: dict[str, int] | None = None, *, format: str | None = None,
+                    revision: dict[str, str] | None = None) -> Iterator[tuple[str, Ref]]:
+    """(key, Ref) pairs; ``quirks`` (when given) receives the producer quirks accepted;
+    ``format`` and ``revision`` as ``-o format=`` and ``-o branch=``/``tag=``/``snapshot=``."""
+    fmt = detect_format(source, target_options, format)
+    pairs = fmt.references(source, target_options, quirks, revision=revision)
     for pair in pairs:
         if progress is not None:
             progress.count += 1
@@ -49,12 +52,13 @@ def ref_to_json(ref: Ref) -> Any:
     return [ref.url, ref.offset, ref.length]
 
 
-def expand(source: str, out: IO[str], target_options: dict[str, Any]) -> int:
+def expand(source: str, out: IO[str], target_options: dict[str, Any], *, format: str | None = None,
+           revision: dict[str, str] | None = None) -> int:
     """Stream the Version 0 equivalent of any reference set to ``out``; returns key count."""
     progress = Progress(f"expanding {redact_url(source)}")
     n = 0
     try:
-        pairs = iter_references(source, target_options, progress)
+        pairs = iter_references(source, target_options, progress, format=format, revision=revision)
         first = next(pairs, None)  # parse errors surface before anything is written
         out.write("{")
         if first is not None:
@@ -71,7 +75,8 @@ def expand(source: str, out: IO[str], target_options: dict[str, Any]) -> int:
 
 
 def inspect(source: str, target_options: dict[str, Any],
-            rules: TargetRules | None = None) -> dict[str, Any]:
+            rules: TargetRules | None = None, *, format: str | None = None,
+            revision: dict[str, str] | None = None) -> dict[str, Any]:
     progress = Progress(f"reading {redact_url(source)}")
     keys = inline_bytes = referenced = whole = 0
     targets: set[str] = set()
@@ -80,7 +85,8 @@ def inspect(source: str, target_options: dict[str, Any],
     stored: dict[str, list[int]] = {}  # directory -> [chunk-like keys, their referenced bytes]
     quirks: dict[str, int] = {}
     try:
-        for key, ref in iter_references(source, target_options, progress, quirks):
+        for key, ref in iter_references(source, target_options, progress, quirks, format=format,
+                                        revision=revision):
             keys += 1
             head, _, name = key.rpartition("/")
             if name.endswith((".zarray", ".zmetadata")):
@@ -116,9 +122,12 @@ def inspect(source: str, target_options: dict[str, Any],
         progress.close()
     _decoded_sizes(arrays, metadata, stored)
     routed = _routes(source, targets, rules) if rules else None
+    fmt = detect_format(source, target_options, format)
+    described = fmt.describe(source, target_options, revision)
     return {
         "source": redact_url(source),  # printed: no user:password@, tokens or signatures
-        "format": detect_format(source, target_options).name,
+        "format": fmt.name,
+        **({"revision": described} if described else {}),
         "keys": keys,
         "arrays": arrays,
         "targets": len(targets),
@@ -195,6 +204,7 @@ def format_inspect(info: dict[str, Any]) -> str:
     lines = [
         f"source            {info['source']}",
         f"format            {info['format']}",
+        *(f"{name.replace('_', ' '):18}{value}" for name, value in info.get("revision", {}).items()),
         f"keys              {info['keys']:,}",
         f"distinct targets  {info['targets']:,}",
         f"referenced bytes  {info['referenced_bytes']:,} ({human(info['referenced_bytes'])})"

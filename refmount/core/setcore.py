@@ -51,7 +51,8 @@ from refmount.targets.credentials import RuleCredentials
 from refmount.targets.fetch import Fetcher
 from refmount.targets.pins import Pins
 from refmount.targets.policy import target_policy
-from refmount.targets.rules import Rule, TargetRules
+from refmount.targets.rules import Rule, TargetRules, with_own_objects
+from refmount.targets.virtualaccess import virtual_access
 
 __all__ = ["SetCore", "build_core"]
 
@@ -229,11 +230,17 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
     """The core of one set from its configuration and prepared index, not yet running."""
     stats = Stats(shared=bool(cfg.allow_other or cfg.allow_root or cfg.serving))  # last_error: fixed texts
     pins = Pins.load(cfg.pins, stats) if cfg.pins else None
-    rules = TargetRules.from_json(cfg.targets)
+    policy = target_policy(cfg)
+    user_rules = TargetRules.from_json(cfg.targets)
+    fmt = format_named(index_file.kind)
+    opened = fmt.open_tree(index_file, cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
+                           limits=Limits.from_config(cfg), relative=policy.relative,
+                           access=virtual_access(user_rules, cfg.allow_local))
+    rules = with_own_objects(user_rules, opened.own_objects)
     credentials = RuleCredentials(rules.rules, shown=stats.credentials)  # their processes
     fetcher = Fetcher(
         cfg.remote_options,
-        target_policy(cfg),
+        policy,
         timeout=cfg.timeout,
         retries=cfg.retries,
         max_connections=cfg.max_connections,
@@ -258,9 +265,6 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
         max_readahead=cfg.max_readahead,
         stats=stats,
     )
-    fmt = format_named(index_file.kind)
-    opened = fmt.open_tree(index_file, cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
-                           limits=Limits.from_config(cfg), relative=fetcher.policy.relative)
     tree: Tree = opened.tree
     info = {"source": redact_url(cfg.source), "format": fmt.name, **opened.info}
     info["keys"] = str(len(tree))

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from refmount.refs.index import KeyIndex
 from refmount.refs.limits import DEFAULT_LIMITS, Limits
-from refmount.refs.model import IndexFile, Ref
+from refmount.refs.model import IndexFile, Ref, ReferenceSetError
 
 if TYPE_CHECKING:
     from refmount.refs.tree import Tree
@@ -37,12 +37,31 @@ class OpenedTree:
     metadata: KeyIndex  # the keys a decoded view reads (``.zarray``, ``.zattrs``, ...)
     mtime_ns: int  # the time stamp of every file and directory
     info: dict[str, str] = field(default_factory=dict)  # summary rows (``user.refmount.*``)
+    # the set's own objects read as targets (an Icechunk repository's chunks): their URL prefix
+    # and the storage options they are read with (SOURCE's); None for none
+    own_objects: tuple[str, dict[str, Any]] | None = None
 
 
 class Format(ABC):
     """One format of reference set (see the module's docstring for who calls what)."""
 
     name: ClassVar[str]  # as reported by ``inspect`` and ``user.refmount.format``
+    # the revision options (``-o branch=`` ...) the format takes; a format without any
+    # refuses a set asked for one (``check_revision``)
+    revisions: ClassVar[tuple[str, ...]] = ()
+
+    def check_revision(self, source: str, revision: Mapping[str, str] | None) -> None:
+        """ReferenceSetError when ``revision`` names an option this format does not take."""
+        for name, value in (revision or {}).items():
+            if value and name not in self.revisions:
+                raise ReferenceSetError(f"{source}: -o {name}= applies to an Icechunk repository, "
+                                        f"not to a {self.name} reference set")
+
+    def describe(self, source: str, target_options: Options,
+                 revision: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Rows naming what of SOURCE is read (an Icechunk repository's format version, branch
+        or tag, snapshot) for ``refmount inspect``; none for a format without revisions."""
+        return {}
 
     @abstractmethod
     def detect(self, source: str, target_options: Options) -> bool:
@@ -50,9 +69,12 @@ class Format(ABC):
 
     @abstractmethod
     def prepare(self, source: str, target_options: Options, *, bad_keys: str = "error",
-                limits: Limits = DEFAULT_LIMITS, cache_dir: str | None = None) -> IndexFile:
+                limits: Limits = DEFAULT_LIMITS, cache_dir: str | None = None,
+                revision: Mapping[str, str] | None = None) -> IndexFile:
         """Parse or validate SOURCE before anything is mounted; a malformed set raises
-        ReferenceSetError. ``cache_dir``: where an index may persist (None: nowhere)."""
+        ReferenceSetError. ``cache_dir``: where an index may persist (None: nowhere).
+        ``revision``: which revision of SOURCE (``{"branch": NAME}``, ``tag``, ``snapshot``),
+        for a format with revisions; the one resolved is ``IndexFile.revision``."""
 
     @abstractmethod
     def targets(self, index: IndexFile) -> Iterator[tuple[str, Callable[[], str]]]:
@@ -68,12 +90,17 @@ class Format(ABC):
     @abstractmethod
     def open_tree(self, index: IndexFile, source: str, target_options: Options, *,
                   bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS,
-                  relative: Callable[[str], bool] | None = None) -> OpenedTree:
+                  relative: Callable[[str], bool] | None = None,
+                  access: Callable[[str], str | None] | None = None) -> OpenedTree:
         """The tree to serve (in the daemon). ``relative`` tells which target paths are
-        relative local paths (``TargetPolicy.relative``)."""
+        relative local paths (``TargetPolicy.relative``); ``access`` why a target that a set
+        names only conditionally (an Icechunk virtual chunk) may not be read, None if it may
+        (no ``access``: none may)."""
 
     @abstractmethod
     def references(self, source: str, target_options: Options,
-                   quirks: dict[str, int] | None = None) -> Iterator[tuple[str, Ref]]:
+                   quirks: dict[str, int] | None = None,
+                   revision: Mapping[str, str] | None = None) -> Iterator[tuple[str, Ref]]:
         """Every (key, Ref) of SOURCE, read from scratch; ``quirks`` (when given) receives
-        the producer quirks accepted (what -> how many) before the first pair."""
+        the producer quirks accepted (what -> how many) before the first pair; ``revision``
+        as for ``prepare``."""

@@ -213,15 +213,18 @@ def set_extents(cfg: MountConfig) -> dict[str, int]:
     import contextlib
     import os
 
-    from refmount.refs import format_named, prepare_index
+    from refmount.refs import format_named, named_format, prepare_index, revision_of
     from refmount.refs.limits import Limits
 
     index_file = prepare_index(cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
-                               limits=Limits.from_config(cfg), cache_dir=None)
+                               limits=Limits.from_config(cfg), cache_dir=None,
+                               format=named_format(cfg), revision=revision_of(cfg))
     try:
         if index_file.path:
             return target_extents(KeyIndex.open(index_file.path))
-        return extents_of(format_named(index_file.kind).references(cfg.source, cfg.target_options))
+        revision = {"snapshot": index_file.revision} if index_file.revision else None
+        return extents_of(format_named(index_file.kind).references(cfg.source, cfg.target_options,
+                                                                   revision=revision))
     finally:
         if index_file.temporary:
             with contextlib.suppress(OSError):
