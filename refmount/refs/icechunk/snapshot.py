@@ -130,7 +130,7 @@ class Snapshot:
     def node(self, path: str) -> Node | None:
         return self._by_path.get(path)
 
-    def array_shape(self, path: str) -> ArrayInfo | None:
+    def array_info(self, path: str) -> ArrayInfo | None:
         return self._arrays.get(path)
 
     def _refs(self, array: ArrayInfo, extent: ManifestExtent) -> ArrayRefs | None:
