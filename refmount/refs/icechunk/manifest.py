@@ -190,7 +190,13 @@ class Manifest:
             except zstandard.ZstdError as e:
                 raise IcechunkError(f"{self.name}: a bad location dictionary ({e})") from None
         try:
-            return self._decompressor.decompress(raw, max_output_size=self.max_location)
+            # a frame that states its size is decompressed to that size: refuse one over the bound
+            if zstandard.frame_content_size(raw) > self.max_location:
+                raise zstandard.ZstdError("the frame states a larger size")
+            out = self._decompressor.decompress(raw, max_output_size=self.max_location)
+            if len(out) > self.max_location:
+                raise zstandard.ZstdError("larger")
+            return out
         except zstandard.ZstdError as e:
             raise IcechunkError(f"{self.name}: a compressed virtual chunk location cannot be "
                                 f"decompressed within {self.max_location:,} bytes ({e})") from None

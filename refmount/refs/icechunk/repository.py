@@ -74,8 +74,7 @@ class Repository:
             _, body = header.payload(data, name, header.REPO_INFO, max_object, limits.max_ratio)
             info = parse_repo_info(body, name, limits.max_keys)
             return cls(storage, url, limits, 2, info, manifest_cache_bytes)
-        if storage.exists("refs/branch.main/ref.json") or storage.exists("config.yaml") \
-                or storage.exists("snapshots/1CECHNKREP0F1RSTCMT0"):
+        if storage.exists("refs/branch.main/ref.json") or storage.exists("config.yaml"):
             return cls(storage, url, limits, 1, None, manifest_cache_bytes)
         raise IcechunkError(f"{url}: not an Icechunk repository (no repo object, no refs/branch.main)")
 
@@ -86,7 +85,7 @@ class Repository:
         try:
             storage = Storage(url, storage_options, DEFAULT_LIMITS.source_timeout)
             if storage.exists("repo"):
-                return storage.read("repo", 64)[:len(header.MAGIC)] == header.MAGIC
+                return storage.head("repo", len(header.MAGIC)) == header.MAGIC
             return storage.exists("refs/branch.main/ref.json")
         except (IcechunkError, OSError, ValueError):
             return False

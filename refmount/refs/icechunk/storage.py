@@ -47,6 +47,21 @@ class Storage:
             problem = connection_problem(e) or e.strerror or str(e) or type(e).__name__
             raise IcechunkError(f"{what}: cannot be read ({problem})") from None
 
+    def head(self, rel: str, n: int) -> bytes:
+        """The first ``n`` bytes of the object ``rel`` (fewer if it is shorter)."""
+        what = self.url_of(rel)
+
+        def first() -> bytes:
+            with self.fs.open(self.full(rel), "rb") as f:
+                return f.read(n)
+
+        try:
+            return within(self.timeout, what, first)
+        except FileNotFoundError:
+            raise IcechunkError(f"{what}: missing from the repository") from None
+        except OSError as e:
+            raise IcechunkError(f"{what}: cannot be read ({connection_problem(e) or e})") from None
+
     def _read(self, path: str, max_bytes: int, what: str) -> bytes:
         parts: list[bytes] = []
         got = 0
