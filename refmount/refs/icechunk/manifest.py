@@ -1,0 +1,227 @@
+"""A manifest: the chunk references of one or more arrays, verified once, then looked up by
+binary search on the chunk coordinates.
+
+What a loaded manifest keeps per array is small: the position of each ChunkRef table in the
+(verified) buffer and the chunk coordinates, as numpy arrays. A ChunkRef's other fields are
+read from the buffer when that one reference is asked for.
+"""
+
+from __future__ import annotations
+
+import struct
+from bisect import bisect_left
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import zstandard
+
+from refmount.refs.icechunk import ids, schema
+from refmount.refs.icechunk.errors import IcechunkError
+from refmount.refs.icechunk.records import ChunkRef
+from refmount.refs.icechunk.verify import Tables, Vectors, verify
+
+# ChunkRef's fields, by vtable offset (4 + 2 * slot; schema.CHUNK_REF)
+_INLINE, _OFFSET, _LENGTH, _CHUNK_ID, _LOCATION, _ETAG, _LAST_MODIFIED, _COMPRESSED = (
+    6, 8, 10, 12, 14, 16, 18, 20)
+_u16 = struct.Struct("<H").unpack_from
+_u32 = struct.Struct("<I").unpack_from
+_i32 = struct.Struct("<i").unpack_from
+_u64 = struct.Struct("<Q").unpack_from
+
+
+@dataclass
+class ArrayRefs:
+    """The references of one array in one manifest, sorted by coordinates."""
+
+    manifest: Manifest
+    pos: np.ndarray  # positions of the ChunkRef tables
+    coords: np.ndarray  # (n, ndim) uint32
+
+    def __len__(self) -> int:
+        return len(self.pos)
+
+    def find(self, coords: tuple[int, ...]) -> int | None:
+        rows = self.coords
+        n = len(rows)
+        i = bisect_left(range(n), coords, key=lambda k: tuple(rows[k].tolist()))
+        if i < n and tuple(rows[i].tolist()) == coords:
+            return i
+        return None
+
+    def ref(self, i: int) -> ChunkRef:
+        return self.manifest.chunk_ref(int(self.pos[i]))
+
+    def within(self, lo: tuple[int, ...], hi: tuple[int, ...]) -> np.ndarray:
+        """Indices of the references whose coordinates lie in [lo, hi) (a manifest's extents)."""
+        c = self.coords
+        mask = np.all((c >= np.asarray(lo, np.int64)) & (c < np.asarray(hi, np.int64)), axis=1)
+        return np.flatnonzero(mask)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.pos.nbytes + self.coords.nbytes)
+
+
+class Manifest:
+    """A verified manifest object (its flatbuffer, decompressed)."""
+
+    def __init__(self, data: bytes, name: str, manifest_id: str, max_location: int) -> None:
+        self.data = data
+        self.name = name
+        self.max_location = max_location
+        root = verify(data, schema.MANIFEST, name)
+        if data[int(root.fields["id"][0]):int(root.fields["id"][0]) + 12] != ids.decode(manifest_id):
+            raise IcechunkError(f"{name}: the manifest's id is not the one its name says")
+        arrays = root.children["arrays"]
+        assert isinstance(arrays, Vectors) and isinstance(arrays.items, Tables)
+        items = arrays.items
+        refs = items.children["refs"]
+        assert isinstance(refs, Vectors) and isinstance(refs.items, Tables) and refs.first is not None
+        chunk_refs = refs.items
+        self._check_kinds(chunk_refs)
+        dictionary = root.children["location_dictionary"]
+        assert isinstance(dictionary, Vectors)
+        algorithm_pos = int(root.fields["compression_algorithm"][0])
+        self.algorithm = data[algorithm_pos] if algorithm_pos >= 0 else 1
+        self.dictionary = (data[int(dictionary.start[0]):int(dictionary.start[0] + dictionary.length[0])]
+                           if dictionary.start[0] >= 0 else None)
+        self._decompressor: zstandard.ZstdDecompressor | None = None
+        index = chunk_refs.children["index"]
+        assert isinstance(index, Vectors)
+        self.arrays: dict[bytes, tuple[int, int]] = {}  # node id -> (first, count) in chunk_refs
+        node_pos = items.fields["node_id"]
+        for a in range(len(items)):
+            node = data[int(node_pos[a]):int(node_pos[a]) + 8]
+            self.arrays[node] = (int(refs.first[a]), int(refs.length[a]))
+        self._pos = chunk_refs.pos  # what is kept of the verification: three numbers a reference
+        self._index_start = index.start
+        self._index_length = index.length
+        self._decoded: dict[bytes, ArrayRefs] = {}
+
+    def _check_kinds(self, t: Tables) -> None:
+        inline = t.children["inline"]
+        location = t.children["location"]
+        compressed = t.children["compressed_location"]
+        assert isinstance(inline, Vectors) and isinstance(location, Vectors)
+        assert isinstance(compressed, Vectors)
+        kinds = ((inline.start >= 0).astype(np.int8) + (t.fields["chunk_id"] >= 0)
+                 + ((location.start >= 0) | (compressed.start >= 0)))
+        if len(kinds) and not (kinds == 1).all():
+            raise IcechunkError(f"{self.name}: a chunk reference that is not exactly one of inline, "
+                                "native or virtual")
+
+    def refs_of(self, node_id: bytes, ndim: int) -> ArrayRefs | None:
+        """The references of the array ``node_id`` (None if this manifest has none)."""
+        if node_id in self._decoded:
+            return self._decoded[node_id]
+        span = self.arrays.get(node_id)
+        if span is None:
+            return None
+        first, count = span
+        pos = self._pos[first:first + count]
+        starts = self._index_start[first:first + count]
+        lengths = self._index_length[first:first + count]
+        if count and not (lengths == ndim).all():
+            raise IcechunkError(f"{self.name}: a chunk reference with {int(lengths[lengths != ndim][0])} "
+                                f"coordinates in an array of {ndim} dimensions")
+        u8 = np.frombuffer(self.data, np.uint8)
+        at = starts[:, None] + 4 * np.arange(ndim)[None, :]
+        coords = (u8[at].astype(np.uint32) | (u8[at + 1].astype(np.uint32) << 8)
+                  | (u8[at + 2].astype(np.uint32) << 16) | (u8[at + 3].astype(np.uint32) << 24))
+        pos, coords = _sorted(pos, coords, self.name)
+        refs = ArrayRefs(self, np.ascontiguousarray(pos), np.ascontiguousarray(coords))
+        self._decoded[node_id] = refs
+        return refs
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + sum(r.nbytes for r in self._decoded.values()) + 24 * len(self._pos)
+
+    def chunk_ref(self, pos: int) -> ChunkRef:
+        """The ChunkRef table at ``pos`` (verified) as a record."""
+        data = self.data
+        vt = pos - _i32(data, pos)[0]
+        vtsize = _u16(data, vt)[0]
+
+        def at(voff: int) -> int:
+            return _u16(data, vt + voff)[0] if voff + 2 <= vtsize else 0
+
+        def vector(voff: int) -> bytes | None:
+            o = at(voff)
+            if not o:
+                return None
+            start = pos + o + _u32(data, pos + o)[0]
+            return data[start + 4:start + 4 + _u32(data, start)[0]]
+
+        inline = vector(_INLINE)
+        if inline is not None:
+            return ChunkRef("inline", data=inline, length=len(inline))
+        o = at(_OFFSET)
+        offset = _u64(data, pos + o)[0] if o else 0
+        o = at(_LENGTH)
+        length = _u64(data, pos + o)[0] if o else 0
+        o = at(_CHUNK_ID)
+        if o:
+            return ChunkRef("native", location="chunks/" + ids.encode(data[pos + o:pos + o + 12]),
+                            offset=offset, length=length)
+        raw = vector(_LOCATION)
+        if raw is None:
+            raw = self._decompress_location(vector(_COMPRESSED) or b"")
+        try:
+            location = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise IcechunkError(f"{self.name}: a virtual chunk's location is not UTF-8") from None
+        etag_raw = vector(_ETAG)
+        etag = etag_raw.decode("utf-8", "replace") if etag_raw is not None else None
+        o = at(_LAST_MODIFIED)
+        last_modified = (_u32(data, pos + o)[0] or None) if o else None
+        return ChunkRef("virtual", location=location, offset=offset, length=length, etag=etag,
+                        last_modified=last_modified)
+
+    def _decompress_location(self, raw: bytes) -> bytes:
+        if self.algorithm != 1:
+            raise IcechunkError(f"{self.name}: a compressed virtual chunk location, but the manifest's "
+                                f"location compression is {self.algorithm}, not zstd (1)")
+        if self._decompressor is None:
+            try:
+                dict_data = zstandard.ZstdCompressionDict(self.dictionary) if self.dictionary else None
+                self._decompressor = zstandard.ZstdDecompressor(dict_data=dict_data)
+            except zstandard.ZstdError as e:
+                raise IcechunkError(f"{self.name}: a bad location dictionary ({e})") from None
+        try:
+            # a frame that states its size is decompressed to that size: refuse one over the bound
+            if zstandard.frame_content_size(raw) > self.max_location:
+                raise zstandard.ZstdError("the frame states a larger size")
+            out = self._decompressor.decompress(raw, max_output_size=self.max_location)
+            if len(out) > self.max_location:
+                raise zstandard.ZstdError("larger")
+            return out
+        except zstandard.ZstdError as e:
+            raise IcechunkError(f"{self.name}: a compressed virtual chunk location cannot be "
+                                f"decompressed within {self.max_location:,} bytes ({e})") from None
+
+
+def _sorted(pos: np.ndarray, coords: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The references in ascending order of coordinates (as the spec asks manifests to store
+    them; sorted here if not); two references to one chunk are refused."""
+    if len(coords) < 2:
+        return pos, coords
+    a, b = coords[:-1].astype(np.int64), coords[1:].astype(np.int64)
+    diff = a != b
+    first = np.argmax(diff, axis=1)
+    rows = np.arange(len(a))
+    ordered = diff.any(axis=1) & (b[rows, first] > a[rows, first])
+    if ordered.all():
+        return pos, coords
+    order = np.lexsort(coords.T[::-1])
+    pos, coords = pos[order], coords[order]
+    if (coords[1:] == coords[:-1]).all(axis=1).any():
+        raise IcechunkError(f"{name}: two chunk references to the same chunk of an array")
+    return pos, coords
+
+
+def iter_refs(refs: ArrayRefs, rows: np.ndarray) -> Iterator[tuple[tuple[int, ...], ChunkRef]]:
+    coords = refs.coords
+    for i in rows.tolist():
+        yield tuple(coords[i].tolist()), refs.ref(i)
