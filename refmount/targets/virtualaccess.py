@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from refmount.base.redact import redact_url
 from refmount.base.urls import is_local, local_path
 from refmount.targets.rules import TargetRules
 
@@ -28,9 +27,7 @@ def virtual_access(rules: TargetRules, allow_local: list[str] | None) -> Callabl
             path = os.path.normpath(local_path(url))
             if any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots):
                 return None
-            return (f"no targets rule covers {redact_url(url)}, and allow_local does not: authorise "
-                    "it with -o targets='[{\"prefix\": \"PREFIX\"}]' or -o allow_local=DIR")
-        return (f"no targets rule covers {redact_url(url)}: authorise it with "
-                "-o targets='[{\"prefix\": \"PREFIX\"}]'")
+            return "no targets rule covers it, nor allow_local"
+        return "no targets rule covers it"
 
     return problem

@@ -107,11 +107,11 @@ class ChunkRefs:
         container = self.container(url)
         if container is None:
             return "a virtual chunk outside every virtual chunk container the repository declares"
-        if self.access is None:
-            return f"virtual chunk container {redact_url(container)} is not authorised"
-        reason = self.access(url)
+        reason = self.access(url) if self.access is not None else "nothing authorises it"
         if reason:
-            return f"virtual chunk container {redact_url(container)} is not authorised: {reason}"
+            shown = redact_url(container)
+            return (f"virtual chunk container {shown} is not authorised ({reason}): authorise it "
+                    f"with -o targets='[{{\"prefix\": \"{shown}\"}}]'")
         return None
 
     def __call__(self, chunk: ChunkRef) -> Ref:
