@@ -17,7 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from refmount.refs.index import KeyIndex
 from refmount.refs.limits import DEFAULT_LIMITS, Limits
@@ -27,6 +27,18 @@ if TYPE_CHECKING:
     from refmount.refs.tree import Tree
 
 Options = Mapping[str, Any]  # fsspec storage options for SOURCE (``target_options``)
+
+
+class Access(Protocol):
+    """What a format may ask about targets a set names only on condition of the mount's
+    authorisation (an Icechunk repository's virtual chunks; ``targets/virtualaccess.py``)."""
+
+    def problem(self, url: str) -> str | None:
+        """Why ``url`` may not be read (None if it may)."""
+
+    def pin(self, url: str, etag: str | None, modified_by: int | None) -> None:
+        """The version of ``url`` a reference recorded (an ETag, or a time in seconds since the
+        epoch it was not modified after), to be checked when it is read."""
 
 
 @dataclass
@@ -91,11 +103,11 @@ class Format(ABC):
     def open_tree(self, index: IndexFile, source: str, target_options: Options, *,
                   bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS,
                   relative: Callable[[str], bool] | None = None,
-                  access: Callable[[str], str | None] | None = None) -> OpenedTree:
+                  access: Access | None = None) -> OpenedTree:
         """The tree to serve (in the daemon). ``relative`` tells which target paths are
-        relative local paths (``TargetPolicy.relative``); ``access`` why a target that a set
-        names only conditionally (an Icechunk virtual chunk) may not be read, None if it may
-        (no ``access``: none may)."""
+        relative local paths (``TargetPolicy.relative``); ``access`` answers for targets a set
+        names only on condition of the mount's authorisation (an Icechunk virtual chunk; no
+        ``access``: none is read)."""
 
     @abstractmethod
     def references(self, source: str, target_options: Options,

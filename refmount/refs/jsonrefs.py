@@ -21,7 +21,7 @@ import ijson
 import zstandard
 
 from refmount.base.process import private_dir
-from refmount.refs.format import Format, IndexFile, OpenedTree, Options
+from refmount.refs.format import Access, Format, IndexFile, OpenedTree, Options
 from refmount.refs.index import INDEX_FORMAT, KeyIndex
 from refmount.refs.indexbuilder import IndexBuilder
 from refmount.refs.indexfiles import (
@@ -280,7 +280,7 @@ class JsonFormat(Format):
     def open_tree(self, index: IndexFile, source: str, target_options: Options, *,
                   bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS,
                   relative: Callable[[str], bool] | None = None,
-                  access: Callable[[str], str | None] | None = None) -> OpenedTree:
+                  access: Access | None = None) -> OpenedTree:
         keys = KeyIndex.open(index.path)
         stamp = keys.metadata.get("source_mtime_ns")
         mtime_ns = int(stamp) if stamp and stamp.isdigit() else os.stat(index.path).st_mtime_ns

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 
 from refmount.refs.chunktree import ChunkTree
-from refmount.refs.format import Format, IndexFile, OpenedTree, Options
+from refmount.refs.format import Access, Format, IndexFile, OpenedTree, Options
 from refmount.refs.index import KeyIndex
 from refmount.refs.limits import DEFAULT_LIMITS, Limits
 from refmount.refs.model import Ref
@@ -54,7 +54,7 @@ class ParquetFormat(Format):
     def open_tree(self, index: IndexFile, source: str, target_options: Options, *,
                   bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS,
                   relative: Callable[[str], bool] | None = None,
-                  access: Callable[[str], str | None] | None = None) -> OpenedTree:
+                  access: Access | None = None) -> OpenedTree:
         options = dict(target_options)
         pset = load_parquet_set(source, options, bad_keys, limits)
         tree = ChunkTree(pset, RecordCache(pset, options, max_inline=limits.max_inline,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 from refmount.base.redact import redact_url
 from refmount.base.urls import climbs, is_local, local_path, normal_url
-from refmount.refs.format import Format, IndexFile, OpenedTree, Options
+from refmount.refs.format import Access, Format, IndexFile, OpenedTree, Options
 from refmount.refs.icechunk.keys import ChunkKeys, UnsupportedArray
 from refmount.refs.icechunk.repository import ChunkRef, IcechunkError, Repository, Snapshot
 from refmount.refs.icechunk.tree import ArrayKeys, ChunkSource, IcechunkTree, virtual_refusal
@@ -92,9 +92,10 @@ def _covers(prefix: str, url: str) -> bool:
 
 class ChunkRefs:
     """A snapshot's ChunkRefs made references (see the module's docstring): ``access`` says
-    why a virtual chunk's URL may not be read (None: it may)."""
+    why a virtual chunk's URL may not be read, and takes the version its reference recorded
+    (its pin)."""
 
-    def __init__(self, repo: Repository, access: Callable[[str], str | None] | None) -> None:
+    def __init__(self, repo: Repository, access: Access | None) -> None:
         self.repo = repo
         self.containers = list(repo.virtual_chunk_containers())
         self.access = access
@@ -107,7 +108,7 @@ class ChunkRefs:
         container = self.container(url)
         if container is None:
             return "a virtual chunk outside every virtual chunk container the repository declares"
-        reason = self.access(url) if self.access is not None else "nothing authorises it"
+        reason = self.access.problem(url) if self.access is not None else "nothing authorises it"
         if reason:
             shown = redact_url(container)
             return (f"virtual chunk container {shown} is not authorised ({reason}): authorise it "
@@ -124,6 +125,8 @@ class ChunkRefs:
         reason = self.refusal(url)
         if reason:
             raise virtual_refusal(url, reason)
+        if self.access is not None:
+            self.access.pin(url, chunk.etag, chunk.last_modified)
         return Ref(RefKind.RANGE, url, chunk.offset, chunk.length)
 
 
@@ -171,7 +174,7 @@ class IcechunkFormat(Format):
     def open_tree(self, index: IndexFile, source: str, target_options: Options, *,
                   bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS,
                   relative: Callable[[str], bool] | None = None,
-                  access: Callable[[str], str | None] | None = None) -> OpenedTree:
+                  access: Access | None = None) -> OpenedTree:
         repo, snapshot = self._snapshot(index, source, target_options, limits)
         metadata, arrays = metadata_keys(snapshot, bad_keys, limits)
         refs = ChunkRefs(repo, access)
@@ -218,7 +221,7 @@ def snapshot_references(repo: Repository, snapshot: Snapshot) -> Iterator[tuple[
     """Every (key, Ref) of a snapshot, keys sorted within each array: ``zarr.json`` keys
     inline, chunks as the repository records them (native ones as absolute URLs of its
     objects, virtual ones as recorded, whether or not this mount may read them)."""
-    to_ref = ChunkRefs(repo, lambda url: None)
+    to_ref = ChunkRefs(repo, None)
     for node in snapshot.nodes:
         key = f"{node.path}/zarr.json" if node.path else "zarr.json"
         yield key, Ref(RefKind.INLINE, None, 0, len(node.zarr_json), node.zarr_json)

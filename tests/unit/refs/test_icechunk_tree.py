@@ -25,8 +25,10 @@ from refmount.refs.icechunk.tree import ChunkSource, IcechunkTree
 from refmount.refs.limits import DEFAULT_LIMITS
 from refmount.refs.tree import ROOT_INODE
 from refmount.refs.tree import Node as TreeNode
+from refmount.targets.pins import Pins
 from refmount.targets.rules import TargetRules
-from refmount.targets.virtualaccess import virtual_access
+from refmount.targets.versions import Version
+from refmount.targets.virtualaccess import VirtualAccess
 
 PATHS = ("a", "g/b", "g/h/c")
 CONTAINER = "http://127.0.0.1:9/data/"
@@ -134,7 +136,8 @@ def cases(draw: st.DrawFn) -> Case:
     nodes.sort(key=lambda n: n.path)
     snapshot = FakeSnapshot(nodes, manifests)
     metadata, arrays = metadata_keys(snapshot, "error", DEFAULT_LIMITS)  # type: ignore[arg-type]
-    refs = ChunkRefs(FakeRepository([CONTAINER]), lambda url: None)  # type: ignore[arg-type]
+    access = VirtualAccess(TargetRules.from_json([{"prefix": CONTAINER}]), None, None)
+    refs = ChunkRefs(FakeRepository([CONTAINER]), access)  # type: ignore[arg-type]
     tree = IcechunkTree(metadata, arrays, ChunkSource(snapshot.chunk, snapshot.chunks, refs))
     return Case(tree, files, snapshot)
 
@@ -306,7 +309,7 @@ def virtual(url: str) -> ChunkRef:
 ])
 def test_virtual_chunks_are_read_only_under_a_declared_authorised_container(url: str, allowed: bool) -> None:
     rules = TargetRules.from_json([{"prefix": "http://127.0.0.1:9/"}])
-    refs = ChunkRefs(FakeRepository([CONTAINER]), virtual_access(rules, None))  # type: ignore[arg-type]
+    refs = ChunkRefs(FakeRepository([CONTAINER]), VirtualAccess(rules, None, None))  # type: ignore[arg-type]
     if allowed:
         assert refs(virtual(url)) == Ref(RefKind.RANGE, url, 3, 4)
     else:
@@ -316,15 +319,15 @@ def test_virtual_chunks_are_read_only_under_a_declared_authorised_container(url:
 
 def test_a_declared_container_needs_a_rule_or_allow_local() -> None:
     repo = FakeRepository([CONTAINER, "file:///srv/data/"])
-    refused = ChunkRefs(repo, virtual_access(TargetRules(), None))  # type: ignore[arg-type]
+    refused = ChunkRefs(repo, VirtualAccess(TargetRules(), None, None))  # type: ignore[arg-type]
     with pytest.raises(ReadError, match=r"container http://127.0.0.1:9/data/ is not authorised"):
         refused(virtual(CONTAINER + "a.nc"))
     with pytest.raises(ReadError, match="allow_local"):
         refused(virtual("file:///srv/data/a.nc"))
-    local = ChunkRefs(repo, virtual_access(TargetRules(), ["/srv"]))  # type: ignore[arg-type]
+    local = ChunkRefs(repo, VirtualAccess(TargetRules(), ["/srv"], None))  # type: ignore[arg-type]
     assert local(virtual("file:///srv/data/a.nc")).url == "file:///srv/data/a.nc"
     one_file = TargetRules.from_json([{"prefix": CONTAINER + "a.nc"}])
-    ruled = ChunkRefs(repo, virtual_access(one_file, None))  # type: ignore[arg-type]
+    ruled = ChunkRefs(repo, VirtualAccess(one_file, None, None))  # type: ignore[arg-type]
     assert ruled(virtual(CONTAINER + "a.nc")).offset == 3
     with pytest.raises(ReadError):
         ruled(virtual(CONTAINER + "b.nc"))  # the rule covers a.nc only
@@ -347,3 +350,21 @@ def test_the_repository_objects_are_read_with_source_options() -> None:
     assert rules.match("s3://bucket/repo/chunks/AB").options == {"key": "K"}
     assert rules.match("s3://other/x").number == 1
     assert with_own_objects(user, None) is user
+
+
+def test_a_virtual_chunks_recorded_version_is_its_targets_pin() -> None:
+    pins = Pins({}, "the reference", required=False)
+    access = VirtualAccess(TargetRules.from_json([{"prefix": CONTAINER}]), None, pins)
+    refs = ChunkRefs(FakeRepository([CONTAINER]), access)  # type: ignore[arg-type]
+    refs(ChunkRef("virtual", location=CONTAINER + "a.nc", offset=0, length=1, etag='"abc"'))
+    refs(ChunkRef("virtual", location=CONTAINER + "b.nc", offset=0, length=1, last_modified=1_700_000_000))
+    refs(ChunkRef("virtual", location=CONTAINER + "c.nc", offset=0, length=1))
+    assert pins.check(CONTAINER + "a.nc") == Version(etag='"abc"')
+    assert pins.check(CONTAINER + "c.nc") is None  # nothing recorded: read unchecked
+    by = pins.check(CONTAINER + "b.nc")
+    assert by is not None
+    assert by.mismatch(Version(last_modified="Tue, 14 Nov 2023 22:13:20 GMT")) is None  # that very second
+    assert by.mismatch(Version(last_modified="Mon, 13 Nov 2023 10:00:00 GMT")) is None
+    assert "after 2023-11-14T22:13:20Z" in (by.mismatch(Version(mtime_ns=1_700_000_001 * 10**9)) or "")
+    assert "no modification time" in (by.mismatch(Version(size=3)) or "")
+    assert not pins.keyed(CONTAINER + "c.nc") and pins.keyed(CONTAINER + "a.nc")
