@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FORMATS",
+    "REVISION_OPTIONS",
     "Format",
     "IndexFile",
     "KeyIndex",
@@ -38,6 +39,7 @@ __all__ = [
     "format_named",
     "named_format",
     "prepare_index",
+    "revision_identity",
     "revision_of",
 ]
 
@@ -104,6 +106,19 @@ def prepare_index(source: str, target_options: Mapping[str, Any], *, bad_keys: s
     fmt = within(timeout, source, detect_format, source, target_options, format)
     return fmt.prepare(source, target_options, bad_keys=bad_keys, limits=limits,
                        cache_dir=cache_dir, revision=revision)
+
+
+def revision_identity(source: str, target_options: Mapping[str, Any], *, timeout: float | None,
+                      format: str | None = None, revision: Mapping[str, str] | None = None) -> str | None:
+    """What names the revision of SOURCE served now, when its format has revisions (an Icechunk
+    branch's head), within ``timeout``; None for a format whose files' stamps tell a change."""
+    if format is None and is_local(source):
+        import os
+
+        if not os.path.isdir(source if "://" not in source else source.partition("://")[2]):
+            return None  # a file: a JSON set, known by its stamps
+    fmt = within(timeout, source, detect_format, source, target_options, format)
+    return within(timeout, source, fmt.identity, source, target_options, revision)
 
 
 REVISION_OPTIONS = ("branch", "tag", "snapshot")

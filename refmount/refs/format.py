@@ -75,6 +75,12 @@ class Format(ABC):
         or tag, snapshot) for ``refmount inspect``; none for a format without revisions."""
         return {}
 
+    def identity(self, source: str, target_options: Options,
+                 revision: Mapping[str, str] | None = None) -> str | None:
+        """What names the revision of SOURCE served now (an Icechunk branch's head snapshot),
+        for ``reload`` to tell a change; None: SOURCE's stamps tell (``sets/setidentity.py``)."""
+        return None
+
     @abstractmethod
     def detect(self, source: str, target_options: Options) -> bool:
         """Whether SOURCE is a set of this format (cheap: at most a few small reads)."""

@@ -195,6 +195,10 @@ class IcechunkFormat(Format):
             own = (repo.object_url("chunks"), dict(target_options))
         return OpenedTree(tree, metadata, _mtime_ns(snapshot.info.flushed_at), info, own_objects=own)
 
+    def identity(self, source: str, target_options: Options,
+                 revision: Mapping[str, str] | None = None) -> str | None:
+        return f"icechunk snapshot {self.resolve(source, target_options, revision)}"
+
     def describe(self, source: str, target_options: Options,
                  revision: Mapping[str, str] | None = None) -> dict[str, str]:
         repo = self._open(source, target_options, DEFAULT_LIMITS)
