@@ -239,12 +239,14 @@ def verify_set(cfg: MountConfig, *, jobs: int) -> list[TargetReport]:
     from refmount.targets.fetch import Fetcher
     from refmount.targets.pins import read_pins
     from refmount.targets.policy import target_policy
+    from refmount.targets.rules import TargetRules
 
     pins = read_pins(cfg.pins) if cfg.pins else None
     with Progress(f"indexing {redact_url(cfg.source)}", keys=False):
         extents = set_extents(cfg)
     fetcher = Fetcher(cfg.remote_options, target_policy(cfg), timeout=cfg.timeout,
-                      retries=cfg.retries, max_connections=cfg.max_connections, stats=Stats())
+                      retries=cfg.retries, max_connections=cfg.max_connections, stats=Stats(),
+                      rules=TargetRules.from_json(cfg.targets))  # read where a mount reads them
     reports: list[TargetReport] = []
 
     async def main(progress: Progress) -> None:

@@ -84,10 +84,10 @@ def build_repository(root: Path, files_dir: Path, base_url: str = VIRTUAL_BASE, 
     session = repo.writable_session("main")
     group = zarr.group(store=session.store, attributes={"title": "refmount test"})
     native = group.create_array("native", shape=(40, 10), chunks=(8, 5), dtype="i4",
-                                compressors=None, fill_value=-1)
+                                compressors=None, fill_value=-1, dimension_names=["row", "col"])
     native[:] = np.arange(400, dtype="i4").reshape(40, 10)
     small = group.create_array("small", shape=(6,), chunks=(2,), dtype="i2", compressors=None,
-                               fill_value=0)
+                               fill_value=0, dimension_names=["s"])
     small[:] = np.array([1, 2, 3, 4, 5, 6], "i2")
     sub = group.create_group("sub")
     zipped = sub.create_array("zipped", shape=(30,), chunks=(7,), dtype="f8")  # zstd
