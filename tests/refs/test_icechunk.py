@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -209,3 +210,32 @@ def test_verify_checks_a_repositorys_targets(repo, authorise) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.dumps(json.loads(r.stdout))
     assert f"{ic.VIRTUAL_BASE}/virtual.nc" in report and "/chunks/" in report
+
+
+def repository_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_repository_on_s3_is_read_with_the_source_options(mount, repo, authorise) -> None:
+    """SOURCE's storage options (target_options) read the repository and its chunks; the
+    targets' (remote_options) are not needed for them."""
+    from support.servers import moto_s3
+
+    objects = {f"icechunk-bucket/repo/{k}": v for k, v in repository_files(repo.root).items()}
+    with moto_s3(objects) as endpoint:
+        options = {"key": "test", "secret": "test",
+                   "client_kwargs": {"endpoint_url": endpoint, "region_name": "eu-west-1"}}
+        m = mount("s3://icechunk-bucket/repo", authorise, "no_disk_cache",
+                  f"target_options={json.dumps(options)}", "tag=v1")
+        got = read_all(zarr.open_group(str(m.path), mode="r", zarr_format=3))
+        assert_same(got, repo.expected["tagged"])
+        m.unmount()
+
+
+def test_a_repository_over_http(mount, repo, authorise, nginx, nginx_root) -> None:
+    served = Path(nginx_root) / "icechunk-http" / "repo"
+    if not served.exists():
+        shutil.copytree(repo.root, served)
+    m = mount(f"{nginx.url}/icechunk-http/repo", authorise, "no_disk_cache", "branch=dev")
+    got = read_all(zarr.open_group(str(m.path), mode="r", zarr_format=3))
+    assert_same(got, repo.expected["dev"])

@@ -252,8 +252,9 @@ def _names_of(repo: Repository, snapshot_id: str) -> str:
     try:
         names = [f"branch {b}" for b, s in sorted(repo.branches().items()) if s == snapshot_id]
         names += [f"tag {t}" for t, s in sorted(repo.tags().items()) if s == snapshot_id]
-    except IcechunkError as e:
-        log.warning("%s: cannot list its branches and tags: %s", redact_url(repo.root), e)
+    except Exception as e:  # storage that cannot list (plain HTTP), a malformed ref
+        log.info("%s: its branches and tags not listed: %s", redact_url(repo.root),
+                 redact_url(str(e).splitlines()[0] if str(e) else type(e).__name__))
         return ""
     return ", ".join(names)
 
