@@ -70,7 +70,7 @@ class Snapshot:
     """One snapshot, its nodes parsed at once (bounded by Limits), its manifests read lazily
     through ``load_manifest`` (the repository's LRU)."""
 
-    def __init__(self, data: bytes, name: str, snapshot_id: str, limits: Limits,
+    def __init__(self, data: bytes | bytearray, name: str, snapshot_id: str, limits: Limits,
                  load_manifest: Callable[[str], Manifest], info: SnapshotInfo | None = None) -> None:
         self.name = name
         self._load_manifest = load_manifest
@@ -163,6 +163,19 @@ class Snapshot:
             if refs is not None:
                 yield from iter_refs(refs, refs.within(extent.lo, extent.hi))
 
+    def chunk_coords(self, path: str) -> Iterator[np.ndarray]:
+        """The coordinates of every written chunk of the array, as (n, ndim) uint32 arrays, one
+        per manifest in the order of :meth:`chunks`: what a listing of chunk keys needs, without
+        a record per chunk."""
+        array = self._arrays.get(path)
+        if array is None:
+            return
+        for extent in array.manifests:
+            refs = self._refs(array, extent)
+            if refs is not None:
+                rows = refs.within(extent.lo, extent.hi)
+                yield refs.coords if rows is None else refs.coords[rows]
+
     def chunk_count(self, path: str) -> int:
         """Written chunks of the array (reads each of its manifests, through the LRU)."""
         array = self._arrays.get(path)
@@ -172,7 +185,7 @@ class Snapshot:
         for extent in array.manifests:
             refs = self._refs(array, extent)
             if refs is not None:
-                total += len(refs.within(extent.lo, extent.hi))
+                total += refs.count_within(extent.lo, extent.hi)
         return total
 
 

@@ -227,7 +227,7 @@ def test_node_count_bound() -> None:
 
 def test_chunk_refs_malformed() -> None:
     neither = build_manifest(MID, [(NODE, [RefSpec((0, 0))])])
-    with pytest.raises(IcechunkError, match="not exactly one of inline, native or virtual"):
+    with pytest.raises(IcechunkError, match="not exactly one of inline, chunk_id, location or compressed"):
         Manifest(neither, "m", MID, 1024)
     both = build_manifest(MID, [(NODE, [RefSpec((0, 0), inline=b"x", location="s3://x")])])
     with pytest.raises(IcechunkError, match="not exactly one"):
