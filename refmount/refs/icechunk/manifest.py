@@ -69,6 +69,9 @@ class ArrayRefs:
         rows = self.within(lo, hi)
         return len(self) if rows is None else len(rows)
 
+    def sizes(self, rows: np.ndarray | None) -> np.ndarray:
+        return self.manifest.sizes(self.pos if rows is None else self.pos[rows])
+
     def refs(self, rows: np.ndarray) -> list[ChunkRef]:
         """The references at ``rows``, their fields gathered for all of them at once."""
         return self.manifest.chunk_refs(self.pos[rows])
@@ -189,34 +192,16 @@ class Manifest:
         """The ChunkRef tables at ``pos`` (verified) as records: their vtables and fields
         gathered with numpy, one Python object made per reference."""
         data = self.data
-        u8 = np.frombuffer(data, np.uint8)
-        pos = pos.astype(np.int64)
-        vt = pos - _gather_i32(u8, pos)
-        vtsize = _gather(u8, vt, 2)
+        f = _Fields(data, pos)
 
-        def field(voff: int) -> np.ndarray:  # the field's position, -1 when absent
-            has = vtsize >= voff + 2
-            o = np.zeros(len(pos), np.int64)
-            o[has] = _gather(u8, vt[has] + voff, 2)
-            return np.where(o != 0, pos + o, -1)
-
-        def vector(voff: int) -> tuple[list[int], list[int]]:  # (start, length); start -1: absent
-            at = field(voff)
-            present = at >= 0
-            start = np.full(len(pos), -1, np.int64)
-            length = np.zeros(len(pos), np.int64)
-            target = at[present] + _gather(u8, at[present], 4)
-            start[present] = target + 4
-            length[present] = _gather(u8, target, 4)
+        def vector(voff: int) -> tuple[list[int], list[int]]:
+            start, length = f.vector(voff)
             return start.tolist(), length.tolist()
 
         def scalar(voff: int, size: int) -> list[int]:
-            at = field(voff)
-            present = at >= 0
-            out = np.zeros(len(pos), np.uint64 if size == 8 else np.int64)
-            out[present] = _gather(u8, at[present], size)
-            return out.tolist()
+            return f.scalar(voff, size).tolist()
 
+        field = f.field
         inline = vector(_INLINE)
         offset, length = scalar(_OFFSET, 8), scalar(_LENGTH, 8)
         chunk_id = field(_CHUNK_ID).tolist()
@@ -247,6 +232,15 @@ class Manifest:
             out.append(ChunkRef("virtual", location=url, offset=offset[i], length=length[i],
                                 etag=data[s:s + etag[1][i]].decode("utf-8", "replace") if s >= 0 else None,
                                 last_modified=(last_modified[i] or None) if has_lm[i] else None))
+        return out
+
+    def sizes(self, pos: np.ndarray) -> np.ndarray:
+        """The stored size of each chunk at ``pos``: an inline chunk's bytes, else its length."""
+        out = np.empty(len(pos), np.int64)
+        for i in range(0, len(pos), SLICE):
+            f = _Fields(self.data, pos[i:i + SLICE])
+            start, inline_length = f.vector(_INLINE)
+            out[i:i + SLICE] = np.where(start >= 0, inline_length, f.scalar(_LENGTH, 8).astype(np.int64))
         return out
 
     def _decompress_location(self, raw: bytes | bytearray) -> bytes:
@@ -306,6 +300,41 @@ def iter_refs(refs: ArrayRefs, rows: np.ndarray | None) -> Iterator[tuple[tuple[
 
 
 BATCH = 4096
+
+
+class _Fields:
+    """Fields of many verified ChunkRef tables, gathered with numpy."""
+
+    def __init__(self, data: bytes | bytearray, pos: np.ndarray) -> None:
+        self.u8 = np.frombuffer(data, np.uint8)
+        self.pos = pos.astype(np.int64)
+        self.vt = self.pos - _gather_i32(self.u8, self.pos)
+        self.vtsize = _gather(self.u8, self.vt, 2)
+
+    def field(self, voff: int) -> np.ndarray:
+        """The field's position in each table, -1 where it is absent."""
+        has = self.vtsize >= voff + 2
+        o = np.zeros(len(self.pos), np.int64)
+        o[has] = _gather(self.u8, self.vt[has] + voff, 2)
+        return np.where(o != 0, self.pos + o, -1)
+
+    def vector(self, voff: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each vector's first element's position (-1: absent) and its length."""
+        at = self.field(voff)
+        present = at >= 0
+        start = np.full(len(self.pos), -1, np.int64)
+        length = np.zeros(len(self.pos), np.int64)
+        target = at[present] + _gather(self.u8, at[present], 4)
+        start[present] = target + 4
+        length[present] = _gather(self.u8, target, 4)
+        return start, length
+
+    def scalar(self, voff: int, size: int) -> np.ndarray:
+        at = self.field(voff)
+        present = at >= 0
+        out = np.zeros(len(self.pos), np.uint64 if size == 8 else np.int64)
+        out[present] = _gather(self.u8, at[present], size)
+        return out
 
 
 def _gather(u8: np.ndarray, p: np.ndarray, size: int) -> np.ndarray:

@@ -176,6 +176,20 @@ class Snapshot:
                 rows = refs.within(extent.lo, extent.hi)
                 yield refs.coords if rows is None else refs.coords[rows]
 
+    def chunk_listing(self, path: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(coordinates, sizes) of every written chunk of the array, one pair of arrays per
+        manifest in the order of :meth:`chunks`: (n, ndim) uint32 and n int64 (an inline
+        chunk's bytes, else the length its reference records) — a directory listing of a
+        million chunks without a record per chunk."""
+        array = self._arrays.get(path)
+        if array is None:
+            return
+        for extent in array.manifests:
+            refs = self._refs(array, extent)
+            if refs is not None:
+                rows = refs.within(extent.lo, extent.hi)
+                yield (refs.coords if rows is None else refs.coords[rows]), refs.sizes(rows)
+
     def chunk_count(self, path: str) -> int:
         """Written chunks of the array (reads each of its manifests, through the LRU)."""
         array = self._arrays.get(path)

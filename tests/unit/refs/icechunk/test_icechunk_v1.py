@@ -188,3 +188,17 @@ def test_large_manifest(tmp_path: Path) -> None:
     listed = list(snap.chunks("v"))
     assert len(listed) == 90_000 and listed[12_345][1] == snap.chunk("v", listed[12_345][0])
     assert snap.chunk("v", (300, 0)) is None
+
+
+@pytest.mark.parametrize("path", ["grp/native", "inline", "split", "virtual", "grp", "nope"])
+def test_chunk_listing_equals_chunks(v1: V1Repo, path: str) -> None:
+    repo = Repository.open(str(v1.path), {})
+    snap = repo.snapshot(repo.resolve())
+    listed = list(snap.chunks(path))
+    pairs = list(snap.chunk_listing(path))
+    coords = [tuple(c) for cs, _ in pairs for c in cs.tolist()]
+    sizes = [s for _, ss in pairs for s in ss.tolist()]
+    assert coords == [c for c, _ in listed]
+    assert sizes == [len(r.data) if r.kind == "inline" else r.length for _, r in listed]
+    assert [tuple(c) for cs in snap.chunk_coords(path) for c in cs.tolist()] == coords
+    assert len(coords) == snap.chunk_count(path)
