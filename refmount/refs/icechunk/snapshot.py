@@ -92,6 +92,9 @@ class Snapshot:
             ns = fb.Nodes(i)
             path = node_path(ns.Path(), name, limits)
             kind = ns.NodeDataType()
+            if ns.UserDataLength() > limits.max_inline:
+                raise IcechunkError(f"{name}: the metadata of node /{path} is {ns.UserDataLength():,} bytes "
+                                    f"(limit max_inline={limits.max_inline:,})")
             user_data = ns.UserDataAsNumpy()
             zarr_json = user_data.tobytes() if isinstance(user_data, np.ndarray) else b""
             if kind == schema.NODE_ARRAY:

@@ -214,6 +214,12 @@ def test_bad_node_paths(path: str, limits: Limits, message: str) -> None:
         Snapshot(data, "s", SID, limits, lambda m: None)  # type: ignore[arg-type,return-value]
 
 
+def test_node_metadata_bound() -> None:
+    data = build_snapshot(SID, [NodeSpec("/"), NodeSpec("/a", zarr_json=b"{" + b" " * 5000 + b"}")])
+    with pytest.raises(IcechunkError, match="metadata of node /a is 5,002 bytes"):
+        Snapshot(data, "s", SID, Limits(max_inline=4096), lambda m: None)  # type: ignore[arg-type,return-value]
+
+
 def test_node_count_bound() -> None:
     data = build_snapshot(SID, [NodeSpec("/"), NodeSpec("/a"), NodeSpec("/b")])
     with pytest.raises(IcechunkError, match=r"3 nodes \(limit max_keys=2"):
