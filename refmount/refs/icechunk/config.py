@@ -70,7 +70,7 @@ def _map_get(m: Any, key: bytes, limit: int) -> Any:
     return None
 
 
-def containers_from_flexbuffer(data: bytes, name: str) -> list[str]:
+def containers_from_flexbuffer(data: bytes | bytearray, name: str) -> list[str]:
     if not data:
         return []
     if len(data) > MAX_CONFIG:

@@ -59,8 +59,10 @@ def parse_header(data: bytes, name: str) -> Header:
     return Header(impl, version, ftype, compression)
 
 
-def payload(data: bytes, name: str, file_type: int, max_bytes: int, max_ratio: int) -> tuple[Header, bytes]:
-    """The header and the decompressed flatbuffer of the object ``data`` of type ``file_type``."""
+def payload(data: bytes, name: str, file_type: int, max_bytes: int,
+            max_ratio: int) -> tuple[Header, bytes | bytearray]:
+    """The header and the decompressed flatbuffer of the object ``data`` of type ``file_type``
+    (a bytearray when it was decompressed: read, never written to)."""
     header = parse_header(data, name)
     if header.file_type != file_type:
         raise IcechunkError(f"{name}: an Icechunk {FILE_TYPES[header.file_type]} object where a "
@@ -73,7 +75,7 @@ def payload(data: bytes, name: str, file_type: int, max_bytes: int, max_ratio: i
     return header, decompress(body, name, max_bytes, max_ratio)
 
 
-def decompress(body: memoryview | bytes, name: str, max_bytes: int, max_ratio: int) -> bytes:
+def decompress(body: memoryview | bytes, name: str, max_bytes: int, max_ratio: int) -> bytearray:
     """The zstd frames ``body``, complete (the decompressor's stream reader yields what it
     has from a truncated frame without complaint: the frames' block headers are walked first)."""
     check_frames(body, name)
@@ -81,8 +83,10 @@ def decompress(body: memoryview | bytes, name: str, max_bytes: int, max_ratio: i
     try:
         reader = zstandard.ZstdDecompressor().stream_reader(counter, read_across_frames=True)
         guard = ExpansionGuard(reader, counter, name, max_ratio, reader.close, max_bytes)  # type: ignore[arg-type]
+        out = bytearray()  # grown in place: no list of pieces joined into a second copy
         with guard:
-            out = guard.read()
+            while piece := guard.read(ExpansionGuard.PIECE):
+                out += piece
     except ReferenceSetError as e:
         raise IcechunkError(str(e)) from None
     except (zstandard.ZstdError, ValueError) as e:

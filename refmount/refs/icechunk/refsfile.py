@@ -44,7 +44,7 @@ class RepoInfo:
     containers: list[str] = field(default_factory=list)
 
 
-def parse_repo_info(data: bytes, name: str, max_entries: int) -> RepoInfo:
+def parse_repo_info(data: bytes | bytearray, name: str, max_entries: int) -> RepoInfo:
     root = verify(data, schema.REPO, name)
     repo = Repo.GetRootAs(data, 0)
     count = repo.SnapshotsLength()

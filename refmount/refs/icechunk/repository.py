@@ -79,11 +79,12 @@ class Repository:
         raise IcechunkError(f"{url}: not an Icechunk repository (no repo object, no refs/branch.main)")
 
     @staticmethod
-    def detect(url: str, storage_options: Mapping[str, Any]) -> bool:
-        """Whether ``url`` looks like an Icechunk repository: a ``repo`` object or
-        ``refs/branch.main/ref.json`` beside a ``snapshots/`` directory (a few small reads)."""
+    def detect(url: str, storage_options: Mapping[str, Any], timeout: float | None = 30.0) -> bool:
+        """Whether ``url`` looks like an Icechunk repository: a ``repo`` object starting with
+        Icechunk's magic bytes, or ``refs/branch.main/ref.json`` (a few small reads, each within
+        ``timeout`` seconds for remote storage)."""
         try:
-            storage = Storage(url, storage_options, DEFAULT_LIMITS.source_timeout)
+            storage = Storage(url, storage_options, timeout)
             if storage.exists("repo"):
                 return storage.head("repo", len(header.MAGIC)) == header.MAGIC
             return storage.exists("refs/branch.main/ref.json")

@@ -23,7 +23,7 @@ CHUNK_REF = Table("ChunkRef", {
     "checksum_etag": Field(6, "string"),
     "checksum_last_modified": Field(7, "scalar", 4),
     "compressed_location": Field(8, "vector", 1),
-})
+}, exactly_one=("inline", "chunk_id", "location|compressed_location"), keep=("index",))
 ARRAY_MANIFEST = Table("ArrayManifest", {
     "node_id": Field(0, "struct", ID8, required=True),
     "refs": Field(1, "tables", required=True, table=CHUNK_REF),

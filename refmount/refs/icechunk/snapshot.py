@@ -70,7 +70,7 @@ class Snapshot:
     """One snapshot, its nodes parsed at once (bounded by Limits), its manifests read lazily
     through ``load_manifest`` (the repository's LRU)."""
 
-    def __init__(self, data: bytes, name: str, snapshot_id: str, limits: Limits,
+    def __init__(self, data: bytes | bytearray, name: str, snapshot_id: str, limits: Limits,
                  load_manifest: Callable[[str], Manifest], info: SnapshotInfo | None = None) -> None:
         self.name = name
         self._load_manifest = load_manifest
@@ -92,6 +92,9 @@ class Snapshot:
             ns = fb.Nodes(i)
             path = node_path(ns.Path(), name, limits)
             kind = ns.NodeDataType()
+            if ns.UserDataLength() > limits.max_inline:
+                raise IcechunkError(f"{name}: the metadata of node /{path} is {ns.UserDataLength():,} bytes "
+                                    f"(limit max_inline={limits.max_inline:,})")
             user_data = ns.UserDataAsNumpy()
             zarr_json = user_data.tobytes() if isinstance(user_data, np.ndarray) else b""
             if kind == schema.NODE_ARRAY:
@@ -163,6 +166,33 @@ class Snapshot:
             if refs is not None:
                 yield from iter_refs(refs, refs.within(extent.lo, extent.hi))
 
+    def chunk_coords(self, path: str) -> Iterator[np.ndarray]:
+        """The coordinates of every written chunk of the array, as (n, ndim) uint32 arrays, one
+        per manifest in the order of :meth:`chunks`: what a listing of chunk keys needs, without
+        a record per chunk."""
+        array = self._arrays.get(path)
+        if array is None:
+            return
+        for extent in array.manifests:
+            refs = self._refs(array, extent)
+            if refs is not None:
+                rows = refs.within(extent.lo, extent.hi)
+                yield refs.coords if rows is None else refs.coords[rows]
+
+    def chunk_listing(self, path: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(coordinates, sizes) of every written chunk of the array, one pair of arrays per
+        manifest in the order of :meth:`chunks`: (n, ndim) uint32 and n int64 (an inline
+        chunk's bytes, else the length its reference records) — a directory listing of a
+        million chunks without a record per chunk."""
+        array = self._arrays.get(path)
+        if array is None:
+            return
+        for extent in array.manifests:
+            refs = self._refs(array, extent)
+            if refs is not None:
+                rows = refs.within(extent.lo, extent.hi)
+                yield (refs.coords if rows is None else refs.coords[rows]), refs.sizes(rows)
+
     def chunk_count(self, path: str) -> int:
         """Written chunks of the array (reads each of its manifests, through the LRU)."""
         array = self._arrays.get(path)
@@ -172,7 +202,7 @@ class Snapshot:
         for extent in array.manifests:
             refs = self._refs(array, extent)
             if refs is not None:
-                total += len(refs.within(extent.lo, extent.hi))
+                total += refs.count_within(extent.lo, extent.hi)
         return total
 
 

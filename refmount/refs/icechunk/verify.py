@@ -29,6 +29,8 @@ import numpy as np
 
 from refmount.refs.icechunk.errors import IcechunkError
 
+SLICE = 1 << 16
+
 Kind = Literal["scalar", "struct", "string", "vector", "table", "tables", "strings", "union"]
 OFFSET_KINDS = ("string", "vector", "table", "tables", "strings", "union")
 
@@ -47,6 +49,12 @@ class Field:
 class Table:
     name: str
     fields: dict[str, Field]
+    # exactly one of these fields ("a|b": a or b) is present in every table (a union spelt
+    # as optional fields)
+    exactly_one: tuple[str, ...] = ()
+    # when set, only these fields' results are kept (and the tables' positions): a vector of
+    # many such tables is verified SLICE tables at a time, in memory bounded by the slice
+    keep: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -85,7 +93,7 @@ class Tables:
 
 
 class _Verifier:
-    def __init__(self, data: bytes, name: str) -> None:
+    def __init__(self, data: bytes | bytearray, name: str) -> None:
         self.u8 = np.frombuffer(data, np.uint8)
         self.n = len(data)
         self.name = name
@@ -166,6 +174,21 @@ class _Verifier:
                 out.children[fname] = self.tables(target[idx], f.table)
             else:
                 out.children[fname] = self.vectors(target, f, what)
+        if table.exactly_one:
+            count = np.zeros(len(pos), np.int64)
+            for names in table.exactly_one:
+                present = np.zeros(len(pos), bool)
+                for fname in names.split("|"):
+                    child = out.children.get(fname)
+                    present |= (child.start >= 0) if isinstance(child, Vectors) else (out.fields[fname] >= 0)
+                count += present
+            if (count != 1).any():
+                raise self.fail(f"a {table.name} table that is not exactly one of "
+                                f"{', '.join(n.replace('|', ' or ') for n in table.exactly_one)}")
+        if table.keep is not None:
+            out.vt = out.vtsize = np.zeros(0, np.int64)
+            out.fields = {k: v for k, v in out.fields.items() if k in table.keep}
+            out.children = {k: v for k, v in out.children.items() if k in table.keep}
         return out
 
     def vectors(self, target: np.ndarray, f: Field, what: str) -> Vectors:
@@ -183,13 +206,22 @@ class _Verifier:
             self.spend(total, what)
             first = np.concatenate(([0], np.cumsum(length)[:-1])) if len(length) else length
             vec.first = first
-            epos = (np.repeat(start, length) + 4 * (np.arange(total) - np.repeat(first, length)))
-            etarget = self.follow(epos, what)
+            ends = first + length
+
+            def targets(lo: int, hi: int) -> np.ndarray:  # elements lo..hi of all the vectors
+                k = np.arange(lo, hi)
+                owner = np.searchsorted(ends, k, side="right")
+                return self.follow(start[owner] + 4 * (k - first[owner]), what)
+
             if f.kind == "tables":
                 assert f.table is not None
-                vec.items = self.tables(etarget, f.table)
+                if f.table.keep is not None and total > SLICE:
+                    vec.items = _concat([self.tables(targets(i, min(i + SLICE, total)), f.table)
+                                         for i in range(0, total, SLICE)])
+                else:
+                    vec.items = self.tables(targets(0, total), f.table)
             else:
-                vec.items = self.vectors(etarget, Field(0, "string"), what)
+                vec.items = self.vectors(targets(0, total), Field(0, "string"), what)
         return vec
 
     def union(self, out: Tables, f: Field, idx: np.ndarray, fpos: np.ndarray, what: str) -> Union:
@@ -221,7 +253,21 @@ class _Verifier:
         return result
 
 
-def verify(data: bytes, root: Table, name: str) -> Tables:
+def _concat(parts: list[Tables]) -> Tables:
+    """Slices of one vector's tables as one (their kept fields: scalars, structs, plain vectors)."""
+    first = parts[0]
+    out = Tables(first.table, np.concatenate([p.pos for p in parts]), first.vt, first.vtsize)
+    for k in first.fields:
+        out.fields[k] = np.concatenate([p.fields[k] for p in parts])
+    for k, child in first.children.items():
+        if not isinstance(child, Vectors) or child.items is not None:
+            raise TypeError(f"{first.table.name}.{k}: only plain vectors are kept across slices")
+        out.children[k] = Vectors(np.concatenate([p.children[k].start for p in parts]),  # type: ignore[union-attr]
+                                  np.concatenate([p.children[k].length for p in parts]))  # type: ignore[union-attr]
+    return out
+
+
+def verify(data: bytes | bytearray, root: Table, name: str) -> Tables:
     """The root table of the flatbuffer ``data``, verified against ``root`` (one table)."""
     v = _Verifier(data, name)
     if v.n < 8:

@@ -214,6 +214,12 @@ def test_bad_node_paths(path: str, limits: Limits, message: str) -> None:
         Snapshot(data, "s", SID, limits, lambda m: None)  # type: ignore[arg-type,return-value]
 
 
+def test_node_metadata_bound() -> None:
+    data = build_snapshot(SID, [NodeSpec("/"), NodeSpec("/a", zarr_json=b"{" + b" " * 5000 + b"}")])
+    with pytest.raises(IcechunkError, match="metadata of node /a is 5,002 bytes"):
+        Snapshot(data, "s", SID, Limits(max_inline=4096), lambda m: None)  # type: ignore[arg-type,return-value]
+
+
 def test_node_count_bound() -> None:
     data = build_snapshot(SID, [NodeSpec("/"), NodeSpec("/a"), NodeSpec("/b")])
     with pytest.raises(IcechunkError, match=r"3 nodes \(limit max_keys=2"):
@@ -227,7 +233,7 @@ def test_node_count_bound() -> None:
 
 def test_chunk_refs_malformed() -> None:
     neither = build_manifest(MID, [(NODE, [RefSpec((0, 0))])])
-    with pytest.raises(IcechunkError, match="not exactly one of inline, native or virtual"):
+    with pytest.raises(IcechunkError, match="not exactly one of inline, chunk_id, location or compressed"):
         Manifest(neither, "m", MID, 1024)
     both = build_manifest(MID, [(NODE, [RefSpec((0, 0), inline=b"x", location="s3://x")])])
     with pytest.raises(IcechunkError, match="not exactly one"):
@@ -262,12 +268,12 @@ def mutations(data: bytes, seed: int, count: int) -> list[bytes]:
 
 
 def test_mutated_snapshots_and_manifests() -> None:
-    """Thousands of random corruptions of a snapshot's and a manifest's flatbuffer: each one is
+    """1,500 random corruptions of a snapshot's and a manifest's flatbuffer: each one is
     read in full or refused with IcechunkError, nothing else, each quickly."""
     manifest = good_manifest()
     refused = 0
     slowest = 0.0
-    for data in mutations(good_snapshot(), 1, 1500) + mutations(good_snapshot(v2=True), 2, 1000):
+    for data in mutations(good_snapshot(), 1, 500) + mutations(good_snapshot(v2=True), 2, 300):
         t = time.monotonic()
         try:
             snap = Snapshot(data, "s", SID, DEFAULT_LIMITS, lambda m: Manifest(manifest, "m", MID, 1024))
@@ -278,20 +284,20 @@ def test_mutated_snapshots_and_manifests() -> None:
             assert "\n" not in str(e)
             refused += 1
         slowest = max(slowest, time.monotonic() - t)
-    for data in mutations(manifest, 3, 2000):
+    for data in mutations(manifest, 3, 700):
         t = time.monotonic()
         try:
             m = Manifest(data, "m", MID, 1024)
             for node in list(m.arrays):
                 refs = m.refs_of(node, 2)
                 if refs is not None:
-                    for i in range(len(refs)):
-                        refs.ref(i)
+                    one_by_one = [refs.ref(i) for i in range(len(refs))]
+                    assert refs.refs(np.arange(len(refs))) == one_by_one
         except IcechunkError as e:
             assert "\n" not in str(e)
             refused += 1
         slowest = max(slowest, time.monotonic() - t)
-    assert refused > 1000
+    assert refused > 400
     assert slowest < 2
 
 

@@ -157,3 +157,48 @@ def test_manifest_cache_is_bounded(v1: V1Repo) -> None:
     snap = repo.snapshot(repo.resolve())
     assert snap.chunk_count("split") == 25
     assert len(repo._manifests) == 1  # a manifest over the bound: only the newest is kept
+
+
+def test_large_manifest(tmp_path: Path) -> None:
+    """90,000 virtual chunk references in one manifest (more than the verifier's slice of 65,536
+    tables): each one as icechunk was given it, found by coordinates and listed in C order."""
+    import icechunk as ic
+    import zarr
+
+    cfg = ic.RepositoryConfig.default()
+    cfg.set_virtual_chunk_container(ic.VirtualChunkContainer("s3://bucket/", ic.s3_store(region="us-east-1")))
+    repo = ic.Repository.create(ic.local_filesystem_storage(str(tmp_path / "r")), config=cfg)
+    s = repo.writable_session("main")
+    zarr.group(store=s.store).create_array("v", shape=(300, 300), chunks=(1, 1), dtype="<i4", fill_value=0)
+    specs = [ic.VirtualChunkSpec(index=[i, j], location=f"s3://bucket/f{i}.nc", offset=j * 4, length=4,
+                                 etag_checksum=f"e{j}" if j % 2 else None)
+             for i in range(300) for j in range(300)]
+    s.store.set_virtual_refs("v", specs, validate_containers=False)
+    s.commit("large")
+    mine = Repository.open(str(tmp_path / "r"), {})
+    snap = mine.snapshot(mine.resolve())
+    assert snap.chunk_count("v") == 90_000
+    coords = np.concatenate(list(snap.chunk_coords("v")))
+    assert coords.shape == (90_000, 2)
+    assert (coords[:, 0] * 300 + coords[:, 1] == np.arange(90_000)).all()
+    for i, j in [(0, 0), (299, 299), (123, 45), (200, 7)]:
+        ref = snap.chunk("v", (i, j))
+        assert ref == ChunkRef("virtual", location=f"s3://bucket/f{i}.nc", offset=j * 4, length=4,
+                               etag=f"e{j}" if j % 2 else None)
+    listed = list(snap.chunks("v"))
+    assert len(listed) == 90_000 and listed[12_345][1] == snap.chunk("v", listed[12_345][0])
+    assert snap.chunk("v", (300, 0)) is None
+
+
+@pytest.mark.parametrize("path", ["grp/native", "inline", "split", "virtual", "grp", "nope"])
+def test_chunk_listing_equals_chunks(v1: V1Repo, path: str) -> None:
+    repo = Repository.open(str(v1.path), {})
+    snap = repo.snapshot(repo.resolve())
+    listed = list(snap.chunks(path))
+    pairs = list(snap.chunk_listing(path))
+    coords = [tuple(c) for cs, _ in pairs for c in cs.tolist()]
+    sizes = [s for _, ss in pairs for s in ss.tolist()]
+    assert coords == [c for c, _ in listed]
+    assert sizes == [len(r.data) if r.kind == "inline" else r.length for _, r in listed]
+    assert [tuple(c) for cs in snap.chunk_coords(path) for c in cs.tolist()] == coords
+    assert len(coords) == snap.chunk_count(path)
