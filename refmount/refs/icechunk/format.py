@@ -178,7 +178,7 @@ class IcechunkFormat(Format):
         repo, snapshot = self._snapshot(index, source, target_options, limits)
         metadata, arrays = metadata_keys(snapshot, bad_keys, limits)
         refs = ChunkRefs(repo, access)
-        tree = IcechunkTree(metadata, arrays, ChunkSource(snapshot.chunk, snapshot.chunks, refs))
+        tree = IcechunkTree(metadata, arrays, ChunkSource(snapshot.chunk, snapshot.chunk_listing, refs))
         info = {
             "repository": redact_url(repo.root),
             "format_version": str(repo.format_version),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +53,8 @@ class ChunkSource:
     not be read: ``format.py``)."""
 
     chunk: Callable[[str, tuple[int, ...]], ChunkRef | None]
-    chunks: Callable[[str], Any]  # path -> iterator of (coords, ChunkRef)
+    # path -> (coordinates (n, ndim), sizes (n)) arrays, manifest by manifest (chunk_listing)
+    listing: Callable[[str], Iterator[tuple[np.ndarray, np.ndarray]]]
     to_ref: Callable[[ChunkRef], Ref]
 
 
@@ -131,15 +132,20 @@ class IcechunkTree:
     def _list(self, aid: int) -> tuple[np.ndarray, np.ndarray]:
         array = self.arrays[aid]
         keys = array.keys
-        numbers: list[int] = []
-        sizes: list[int] = []
-        for coords, ref in self.source.chunks(array.path):
-            if not keys.in_grid(tuple(coords)):
-                continue
-            numbers.append(keys.number(tuple(coords)))
-            sizes.append(chunk_size(ref))
-        n = np.asarray(numbers, np.int64)
-        s = np.asarray(sizes, np.int64)
+        dims = np.asarray(keys.dims, np.int64)
+        numbers: list[np.ndarray] = []
+        sizes: list[np.ndarray] = []
+        for coords, size in self.source.listing(array.path):
+            coords = np.asarray(coords, np.int64).reshape(len(size), keys.ndim)
+            inside = np.all(coords < dims, axis=1)  # a chunk outside the grid (an array shrunk
+            coords, size = coords[inside], np.asarray(size, np.int64)[inside]  # after): no key
+            if keys.ndim:
+                numbers.append(np.ravel_multi_index(tuple(coords.T), keys.dims).astype(np.int64))
+            else:
+                numbers.append(np.zeros(len(size), np.int64))
+            sizes.append(size)
+        n = np.concatenate(numbers) if numbers else np.zeros(0, np.int64)
+        s = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
         if len(n) > 1 and not bool(np.all(n[1:] > n[:-1])):
             order = np.argsort(n, kind="stable")
             n, s = n[order], s[order]
