@@ -261,6 +261,10 @@ def _format_routes(routed: dict[str, Any]) -> list[str]:
 STATS_XATTR = "user.refmount.stats"
 
 
+# what a mount of an Icechunk repository says of it (the root's user.refmount.* attributes)
+REPOSITORY_ROWS = ("repository", "format_version", "revision", "snapshot", "snapshot_time")
+
+
 def read_stats(mountpoint: str) -> dict[str, Any]:
     try:
         raw = os.getxattr(mountpoint, STATS_XATTR)
@@ -270,7 +274,7 @@ def read_stats(mountpoint: str) -> dict[str, Any]:
                                f"'fusermount3 -uz {mountpoint}'") from None
         raise RuntimeError(f"{mountpoint}: not a refmount mount ({e.strerror})") from None
     stats = json.loads(raw)
-    for name in ("source", "format", "keys", "targets", "log"):
+    for name in ("source", "format", *REPOSITORY_ROWS, "keys", "targets", "log"):
         with contextlib.suppress(OSError):
             value = os.getxattr(mountpoint, f"user.refmount.{name}").decode()
             stats[name] = int(value) if value.isdigit() else value
@@ -294,7 +298,9 @@ def read_server_stats(url: str, timeout: float = 10.0) -> dict[str, Any]:
 
 def format_stats(stats: dict[str, Any]) -> str:
     order = [
-        ("source", "source"), ("keys", "keys"), ("uptime", "uptime (s)"),
+        ("source", "source"), ("repository", "repository"), ("format_version", "format version"),
+        ("revision", "branches, tags"), ("snapshot", "snapshot (mounted)"),
+        ("snapshot_time", "snapshot time"), ("keys", "keys"), ("uptime", "uptime (s)"),
         ("lookups", "FUSE lookups"), ("opens", "FUSE opens"), ("reads", "FUSE reads"),
         ("bytes_read", "bytes returned"),
         ("requests", "fetches from targets"), ("bytes_fetched", "bytes fetched"),
@@ -355,6 +361,8 @@ def _set_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
         text = str(state.get("state"))
         if state.get("version"):
             text += f", version {state['version']}"
+        if state.get("snapshot"):
+            text += f", snapshot {state['snapshot']}"
         if state.get("open_files"):
             text += f", {state['open_files']} open files"
         if state.get("last_reload"):
