@@ -118,7 +118,9 @@ class Format(ABC):
     @abstractmethod
     def references(self, source: str, target_options: Options,
                    quirks: dict[str, int] | None = None,
-                   revision: Mapping[str, str] | None = None) -> Iterator[tuple[str, Ref]]:
+                   revision: Mapping[str, str] | None = None,
+                   access: Access | None = None) -> Iterator[tuple[str, Ref]]:
         """Every (key, Ref) of SOURCE, read from scratch; ``quirks`` (when given) receives
         the producer quirks accepted (what -> how many) before the first pair; ``revision``
-        as for ``prepare``."""
+        as for ``prepare``; with ``access``, targets named only on condition of the mount's
+        authorisation that it refuses are left out (without: all, as recorded)."""

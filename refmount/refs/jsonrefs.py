@@ -292,7 +292,8 @@ class JsonFormat(Format):
 
     def references(self, source: str, target_options: Options,
                    quirks: dict[str, int] | None = None,
-                   revision: Mapping[str, str] | None = None) -> Iterator[tuple[str, Ref]]:
+                   revision: Mapping[str, str] | None = None,
+                   access: Access | None = None) -> Iterator[tuple[str, Ref]]:
         self.check_revision(source, revision)
         builder = build_index(source, dict(target_options))
         keys = KeyIndex(builder.finish())

@@ -64,7 +64,8 @@ class ParquetFormat(Format):
 
     def references(self, source: str, target_options: Options,
                    quirks: dict[str, int] | None = None,
-                   revision: Mapping[str, str] | None = None) -> Iterator[tuple[str, Ref]]:
+                   revision: Mapping[str, str] | None = None,
+                   access: Access | None = None) -> Iterator[tuple[str, Ref]]:
         self.check_revision(source, revision)
         options = dict(target_options)
         pset = load_parquet_set(source, options, "error")

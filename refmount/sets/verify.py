@@ -222,9 +222,13 @@ def set_extents(cfg: MountConfig) -> dict[str, int]:
     try:
         if index_file.path:
             return target_extents(KeyIndex.open(index_file.path))
+        from refmount.targets.rules import TargetRules
+        from refmount.targets.virtualaccess import VirtualAccess
+
         revision = {"snapshot": index_file.revision} if index_file.revision else None
-        return extents_of(format_named(index_file.kind).references(cfg.source, cfg.target_options,
-                                                                   revision=revision))
+        access = VirtualAccess(TargetRules.from_json(cfg.targets), cfg.allow_local, None)
+        return extents_of(format_named(index_file.kind).references(
+            cfg.source, cfg.target_options, revision=revision, access=access))
     finally:
         if index_file.temporary:
             with contextlib.suppress(OSError):

@@ -210,6 +210,10 @@ def test_verify_checks_a_repositorys_targets(repo, authorise) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.dumps(json.loads(r.stdout))
     assert f"{ic.VIRTUAL_BASE}/virtual.nc" in report and "/chunks/" in report
+    r = run_cli("verify", str(repo.root), "--json")  # no rule: the virtual target is not asked
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "virtual.nc" not in r.stdout and "/chunks/" in r.stdout
+    assert f"4 virtual chunks under {ic.VIRTUAL_BASE}/ left out" in r.stderr
 
 
 def repository_files(root: Path) -> dict[str, bytes]:

@@ -215,17 +215,22 @@ class IcechunkFormat(Format):
 
     def references(self, source: str, target_options: Options,
                    quirks: dict[str, int] | None = None,
-                   revision: Mapping[str, str] | None = None) -> Iterator[tuple[str, Ref]]:
+                   revision: Mapping[str, str] | None = None,
+                   access: Access | None = None) -> Iterator[tuple[str, Ref]]:
         repo = self._open(source, target_options, DEFAULT_LIMITS)
         snapshot = repo.snapshot(repo.resolve(**revision_choice(revision)))
-        return snapshot_references(repo, snapshot)
+        return snapshot_references(repo, snapshot, access)
 
 
-def snapshot_references(repo: Repository, snapshot: Snapshot) -> Iterator[tuple[str, Ref]]:
+def snapshot_references(repo: Repository, snapshot: Snapshot,
+                        access: Access | None = None) -> Iterator[tuple[str, Ref]]:
     """Every (key, Ref) of a snapshot, keys sorted within each array: ``zarr.json`` keys
     inline, chunks as the repository records them (native ones as absolute URLs of its
-    objects, virtual ones as recorded, whether or not this mount may read them)."""
+    objects, virtual ones as recorded; with ``access``, those it refuses left out, their
+    number logged)."""
     to_ref = ChunkRefs(repo, None)
+    checked = ChunkRefs(repo, access) if access is not None else None
+    refused: dict[str, int] = {}
     for node in snapshot.nodes:
         key = f"{node.path}/zarr.json" if node.path else "zarr.json"
         yield key, Ref(RefKind.INLINE, None, 0, len(node.zarr_json), node.zarr_json)
@@ -241,10 +246,18 @@ def snapshot_references(repo: Repository, snapshot: Snapshot) -> Iterator[tuple[
             name = keys.key(keys.number(tuple(coords)))
             if chunk.kind == "virtual":
                 url = chunk.location or ""
+                if checked is not None and checked.refusal(url):
+                    container = checked.container(url) or "(no container)"
+                    refused[container] = refused.get(container, 0) + 1
+                    continue
                 yield (f"{node.path}/{name}" if node.path else name,
                        Ref(RefKind.RANGE, url, chunk.offset, chunk.length))
             else:
                 yield f"{node.path}/{name}" if node.path else name, to_ref(chunk)
+    for container, n in sorted(refused.items()):
+        log.warning("%s virtual chunks under %s left out: %s", f"{n:,}", redact_url(container),
+                    "the container is not declared by the repository" if container == "(no container)"
+                    else "the container is not authorised (no targets rule covers it)")
 
 
 def _names_of(repo: Repository, snapshot_id: str) -> str:
