@@ -84,7 +84,8 @@ class ArrayRefs:
 class Manifest:
     """A verified manifest object (its flatbuffer, decompressed)."""
 
-    def __init__(self, data: bytes | bytearray, name: str, manifest_id: str, max_location: int) -> None:
+    def __init__(self, data: bytes | bytearray, name: str, manifest_id: str, max_location: int,
+                 max_refs: int = 1 << 62) -> None:
         self.data = data
         self.name = name
         self.max_location = max_location
@@ -97,6 +98,8 @@ class Manifest:
         refs = items.children["refs"]
         assert isinstance(refs, Vectors) and isinstance(refs.items, Tables) and refs.first is not None
         chunk_refs = refs.items
+        if len(chunk_refs) > max_refs:
+            raise IcechunkError(f"{name}: {len(chunk_refs):,} chunk references (limit max_keys={max_refs:,})")
         dictionary = root.children["location_dictionary"]
         assert isinstance(dictionary, Vectors)
         algorithm_pos = int(root.fields["compression_algorithm"][0])

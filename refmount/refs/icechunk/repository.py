@@ -188,7 +188,7 @@ class Repository:
         data = self._storage.read(rel, self.max_object)
         _, body = header.payload(data, name, header.MANIFEST, self.max_object, self.limits.max_ratio)
         del data
-        manifest = Manifest(body, name, manifest_id, self.limits.max_key_length)
+        manifest = Manifest(body, name, manifest_id, self.limits.max_key_length, self.limits.max_keys)
         with self._lock:
             self._manifests.put(manifest_id, manifest)
         return manifest
