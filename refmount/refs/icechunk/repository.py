@@ -7,9 +7,11 @@ within ``max_source``, its decompression within ``max_ratio``, every storage cal
 ``source_timeout``), every flatbuffer verified before it is read (verify.py); anything
 malformed is an :class:`IcechunkError` whose text is one line.
 
-Opening reads the refs (and, for version 2, the repo info object); a snapshot's nodes are
-read when it is asked for; a manifest when a chunk it covers is, kept in an LRU bounded by
-bytes (``manifest_cache_bytes``).
+Opening looks at the layout; for version 2 it reads the repo info object (branches, tags,
+snapshots and config as of that moment: open the repository again to see later commits),
+while version 1's ``refs/`` files are read each time a ref is asked for. A snapshot's nodes
+are read when it is asked for; a manifest when a chunk it covers is, kept in an LRU bounded
+by bytes (``manifest_cache_bytes``).
 """
 
 from __future__ import annotations

@@ -148,6 +148,7 @@ def test_split_manifest_loads_only_what_covers(v1: V1Repo) -> None:
     assert len(repo._manifests) == 1  # the LRU of manifests holds the one that was read
     assert snap.chunk_count("split") == 25
     assert len(repo._manifests) == 9
+    assert repo._manifests.weight == sum(m.nbytes for m in repo._manifests.values())
     order = [c for c, _ in snap.chunks("split")]
     assert sorted(order) == [(i, j) for i in range(5) for j in range(5)]
 
