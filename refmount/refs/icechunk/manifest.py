@@ -76,15 +76,12 @@ class ArrayRefs:
         """The references at ``rows``, their fields gathered for all of them at once."""
         return self.manifest.chunk_refs(self.pos[rows])
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.pos.nbytes + self.coords.nbytes)
-
 
 class Manifest:
     """A verified manifest object (its flatbuffer, decompressed)."""
 
-    def __init__(self, data: bytes | bytearray, name: str, manifest_id: str, max_location: int) -> None:
+    def __init__(self, data: bytes | bytearray, name: str, manifest_id: str, max_location: int,
+                 max_refs: int = 1 << 62) -> None:
         self.data = data
         self.name = name
         self.max_location = max_location
@@ -97,6 +94,8 @@ class Manifest:
         refs = items.children["refs"]
         assert isinstance(refs, Vectors) and isinstance(refs.items, Tables) and refs.first is not None
         chunk_refs = refs.items
+        if len(chunk_refs) > max_refs:
+            raise IcechunkError(f"{name}: {len(chunk_refs):,} chunk references (limit max_keys={max_refs:,})")
         dictionary = root.children["location_dictionary"]
         assert isinstance(dictionary, Vectors)
         algorithm_pos = int(root.fields["compression_algorithm"][0])
@@ -115,6 +114,7 @@ class Manifest:
         self._index_start = index.start
         self._index_length = index.length
         self._decoded: dict[bytes, ArrayRefs] = {}
+        self._nbytes = len(data) + (24 + 8 + 16) * len(self._pos)
 
     def refs_of(self, node_id: bytes, ndim: int) -> ArrayRefs | None:
         """The references of the array ``node_id`` (None if this manifest has none)."""
@@ -145,7 +145,10 @@ class Manifest:
 
     @property
     def nbytes(self) -> int:
-        return len(self.data) + sum(r.nbytes for r in self._decoded.values()) + 24 * len(self._pos)
+        """The memory it holds, as the LRU weighs it: fixed when it is made (the buffer, what
+        was kept of the verification, and room for each reference's position and coordinates
+        once decoded), so that the LRU's sum stays exact."""
+        return self._nbytes
 
     def chunk_ref(self, pos: int) -> ChunkRef:
         """The ChunkRef table at ``pos`` (verified) as a record."""

@@ -7,9 +7,11 @@ within ``max_source``, its decompression within ``max_ratio``, every storage cal
 ``source_timeout``), every flatbuffer verified before it is read (verify.py); anything
 malformed is an :class:`IcechunkError` whose text is one line.
 
-Opening reads the refs (and, for version 2, the repo info object); a snapshot's nodes are
-read when it is asked for; a manifest when a chunk it covers is, kept in an LRU bounded by
-bytes (``manifest_cache_bytes``).
+Opening looks at the layout; for version 2 it reads the repo info object (branches, tags,
+snapshots and config as of that moment: open the repository again to see later commits),
+while version 1's ``refs/`` files are read each time a ref is asked for. A snapshot's nodes
+are read when it is asked for; a manifest when a chunk it covers is, kept in an LRU bounded
+by bytes (``manifest_cache_bytes``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from refmount.base.lru import LRU
+from refmount.base.redact import redact_url
+from refmount.base.urls import is_local
 from refmount.refs.icechunk import header, ids
 from refmount.refs.icechunk.config import MAX_CONFIG, containers_from_yaml
 from refmount.refs.icechunk.errors import IcechunkError
@@ -56,6 +60,7 @@ class Repository:
         self._manifests: LRU[str, Manifest] = LRU(max_weight=manifest_cache_bytes,
                                                    weigh=lambda m: m.nbytes, keep_newest=True)
         self._containers: list[str] | None = info.containers if info is not None else None
+        self._shown_root = redact_url(url)
 
     @property
     def max_object(self) -> int:
@@ -70,13 +75,17 @@ class Repository:
         max_object = limits.max_source or UNLIMITED
         if storage.exists("repo"):
             data = storage.read("repo", max_object)
-            name = storage.url_of("repo")
+            name = storage.shown("repo")
             _, body = header.payload(data, name, header.REPO_INFO, max_object, limits.max_ratio)
             info = parse_repo_info(body, name, limits.max_keys)
             return cls(storage, url, limits, 2, info, manifest_cache_bytes)
         if storage.exists("refs/branch.main/ref.json") or storage.exists("config.yaml"):
             return cls(storage, url, limits, 1, None, manifest_cache_bytes)
-        raise IcechunkError(f"{url}: not an Icechunk repository (no repo object, no refs/branch.main)")
+        if not is_local(url):
+            storage.head("repo", 1)  # remote storage answers "no" to exists() when it cannot be
+            # reached at all: this read names the failure (unknown host, refused, timeout)
+        raise IcechunkError(f"{redact_url(url)}: not an Icechunk repository (no repo object, no "
+                            "refs/branch.main)")
 
     @staticmethod
     def detect(url: str, storage_options: Mapping[str, Any], timeout: float | None = 30.0) -> bool:
@@ -113,7 +122,7 @@ class Repository:
 
     def _read_ref(self, entry: str) -> str:
         rel = f"refs/{entry}/ref.json"
-        return parse_ref_json(self._storage.read(rel, MAX_REF_JSON), self._storage.url_of(rel))
+        return parse_ref_json(self._storage.read(rel, MAX_REF_JSON), self._storage.shown(rel))
 
     def branches(self) -> dict[str, str]:
         """Branch name -> snapshot id."""
@@ -137,23 +146,23 @@ class Repository:
                 raise IcechunkError(f"{snapshot[:64]!r}: not a snapshot id (20 characters of Crockford "
                                     "base 32)")
             if self._info is not None and snapshot not in self._info.snapshots:
-                raise IcechunkError(f"{self.root}: no snapshot {snapshot}")
+                raise IcechunkError(f"{self._shown_root}: no snapshot {snapshot}")
             return snapshot
         kind, ref = ("tag", tag) if tag is not None else ("branch", branch or "main")
         if self._info is not None:
             if kind == "tag" and ref in self._info.deleted_tags:
-                raise IcechunkError(f"{self.root}: the tag {ref!r} was deleted")
+                raise IcechunkError(f"{self._shown_root}: the tag {ref!r} was deleted")
             found = (self._info.tags if kind == "tag" else self._info.branches).get(ref)
             if found is None:
-                raise IcechunkError(f"{self.root}: no {kind} {ref!r}")
+                raise IcechunkError(f"{self._shown_root}: no {kind} {ref!r}")
             return found
         if not ref_name_ok(ref):
             raise IcechunkError(f"{ref[:64]!r}: not a {kind} name")
         entry = f"{kind}.{ref}"
         if kind == "tag" and self._storage.exists(f"refs/{entry}/ref.json.deleted"):
-            raise IcechunkError(f"{self.root}: the tag {ref!r} was deleted")
+            raise IcechunkError(f"{self._shown_root}: the tag {ref!r} was deleted")
         if not self._storage.exists(f"refs/{entry}/ref.json"):
-            raise IcechunkError(f"{self.root}: no {kind} {ref!r}")
+            raise IcechunkError(f"{self._shown_root}: no {kind} {ref!r}")
         return self._read_ref(entry)
 
     # ---- objects
@@ -162,7 +171,7 @@ class Repository:
         if not ids.is_id12(snapshot_id):
             raise IcechunkError(f"{snapshot_id[:64]!r}: not a snapshot id")
         rel = f"snapshots/{snapshot_id}"
-        name = self._storage.url_of(rel)
+        name = self._storage.shown(rel)
         data = self._storage.read(rel, self.max_object)
         hdr, body = header.payload(data, name, header.SNAPSHOT, self.max_object, self.limits.max_ratio)
         if hdr.spec_version > self.format_version:
@@ -177,11 +186,11 @@ class Repository:
         if found is not None:
             return found
         rel = f"manifests/{manifest_id}"
-        name = self._storage.url_of(rel)
+        name = self._storage.shown(rel)
         data = self._storage.read(rel, self.max_object)
         _, body = header.payload(data, name, header.MANIFEST, self.max_object, self.limits.max_ratio)
         del data
-        manifest = Manifest(body, name, manifest_id, self.limits.max_key_length)
+        manifest = Manifest(body, name, manifest_id, self.limits.max_key_length, self.limits.max_keys)
         with self._lock:
             self._manifests.put(manifest_id, manifest)
         return manifest
@@ -191,7 +200,7 @@ class Repository:
         if self._containers is None:
             if self._storage.exists("config.yaml"):
                 text = self._storage.read("config.yaml", MAX_CONFIG)
-                self._containers = containers_from_yaml(text, self._storage.url_of("config.yaml"))
+                self._containers = containers_from_yaml(text, self._storage.shown("config.yaml"))
             else:
                 self._containers = []
         return list(self._containers)

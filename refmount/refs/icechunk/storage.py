@@ -8,6 +8,7 @@ from typing import Any
 
 from fsspec.core import url_to_fs
 
+from refmount.base.redact import redact_url
 from refmount.base.urls import is_local
 from refmount.refs.deadline import SourceTimeout, connection_problem, within
 from refmount.refs.icechunk.errors import IcechunkError
@@ -25,7 +26,7 @@ class Storage:
         try:
             self.fs, path = url_to_fs(self.url, **dict(storage_options))
         except (ValueError, ImportError, TypeError) as e:
-            raise IcechunkError(f"{url}: cannot open the repository's storage ({e})") from None
+            raise IcechunkError(redact_url(f"{url}: cannot open the repository's storage ({e})")) from None
         self.path = path.rstrip("/")
 
     def full(self, rel: str) -> str:
@@ -34,22 +35,29 @@ class Storage:
     def url_of(self, rel: str) -> str:
         return f"{self.url}/{rel}"
 
+    def shown(self, rel: str) -> str:
+        """``rel``'s URL as messages show it: credentials in the repository's URL masked."""
+        return redact_url(self.url_of(rel))
+
     def read(self, rel: str, max_bytes: int) -> bytes:
         """The whole object ``rel``; IcechunkError if missing or larger than ``max_bytes``."""
-        what = self.url_of(rel)
+        what = self.shown(rel)
         try:
             return within(self.timeout, what, self._read, self.full(rel), max_bytes, what)
-        except FileNotFoundError:
+        except FileNotFoundError as e:
+            problem = connection_problem(e)
+            if problem is not None:  # fsspec's HTTP file system reports every failure so
+                raise IcechunkError(f"{what}: cannot be read ({problem})") from None
             raise IcechunkError(f"{what}: missing from the repository") from None
         except ReferenceSetError as e:
             raise IcechunkError(str(e)) from None
         except OSError as e:
             problem = connection_problem(e) or e.strerror or str(e) or type(e).__name__
-            raise IcechunkError(f"{what}: cannot be read ({problem})") from None
+            raise IcechunkError(redact_url(f"{what}: cannot be read ({problem})")) from None
 
     def head(self, rel: str, n: int) -> bytes:
         """The first ``n`` bytes of the object ``rel`` (fewer if it is shorter)."""
-        what = self.url_of(rel)
+        what = self.shown(rel)
 
         def first() -> bytes:
             with self.fs.open(self.full(rel), "rb") as f:
@@ -57,10 +65,16 @@ class Storage:
 
         try:
             return within(self.timeout, what, first)
-        except FileNotFoundError:
+        except FileNotFoundError as e:
+            problem = connection_problem(e)
+            if problem is not None:  # fsspec's HTTP file system reports every failure so
+                raise IcechunkError(f"{what}: cannot be read ({problem})") from None
             raise IcechunkError(f"{what}: missing from the repository") from None
+        except SourceTimeout as e:
+            raise IcechunkError(str(e)) from None
         except OSError as e:
-            raise IcechunkError(f"{what}: cannot be read ({connection_problem(e) or e})") from None
+            problem = connection_problem(e) or str(e) or type(e).__name__
+            raise IcechunkError(redact_url(f"{what}: cannot be read ({problem})")) from None
 
     def _read(self, path: str, max_bytes: int, what: str) -> bytes:
         parts: list[bytes] = []
@@ -78,7 +92,7 @@ class Storage:
 
     def exists(self, rel: str) -> bool:
         try:
-            return bool(within(self.timeout, self.url_of(rel), self.fs.exists, self.full(rel)))
+            return bool(within(self.timeout, self.shown(rel), self.fs.exists, self.full(rel)))
         except SourceTimeout:
             raise
         except (OSError, ValueError):
@@ -87,7 +101,7 @@ class Storage:
     def listdir(self, rel: str, max_entries: int) -> list[str] | None:
         """The names under the directory ``rel``; None when the storage cannot list it
         (plain HTTP)."""
-        what = self.url_of(rel)
+        what = self.shown(rel)
         try:
             entries = within(self.timeout, what, self.fs.ls, self.full(rel), False)
         except SourceTimeout as e:

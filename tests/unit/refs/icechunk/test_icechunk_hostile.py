@@ -347,3 +347,22 @@ def test_payload_uncompressed_and_bounds() -> None:
     with pytest.raises(IcechunkError, match="more than 10 bytes"):
         payload(obj, "m", 2, 10, 200)
     assert np.frombuffer(raw, np.uint8).size == len(raw)
+
+
+def test_credentials_in_the_url_are_not_shown(tmp_path: Path) -> None:
+    """A repository URL with user information: messages name it masked, and storage that
+    cannot be reached is named for what it is."""
+    with pytest.raises(IcechunkError, match=r"^file://\*\*\*@.*: not an Icechunk repository"):
+        Repository.open(f"file://user:s3cr3t@{tmp_path}", {})
+    with pytest.raises(IcechunkError, match=r"^http://\*\*\*@x\.invalid/repo/repo: cannot be read") as e:
+        Repository.open("http://user:s3cr3t@x.invalid/repo", {}, Limits(source_timeout=60))
+    assert "s3cr3t" not in str(e.value)
+
+
+def test_manifest_entries_bound(tmp_path: Path) -> None:
+    write_built_repo(tmp_path, SID, good_snapshot(), {MID: good_manifest()})
+    repo = Repository.open(str(tmp_path), {}, Limits(max_keys=3))  # the snapshot has 3 nodes
+    refs = [RefSpec((0, i), inline=b"x") for i in range(4)]
+    (tmp_path / "manifests" / MID).write_bytes(icechunk_object(build_manifest(MID, [(NODE, refs)]), 2))
+    with pytest.raises(IcechunkError, match=r"4 chunk references \(limit max_keys=3\)"):
+        read_all(repo)

@@ -148,6 +148,7 @@ def test_split_manifest_loads_only_what_covers(v1: V1Repo) -> None:
     assert len(repo._manifests) == 1  # the LRU of manifests holds the one that was read
     assert snap.chunk_count("split") == 25
     assert len(repo._manifests) == 9
+    assert repo._manifests.weight == sum(m.nbytes for m in repo._manifests.values())
     order = [c for c, _ in snap.chunks("split")]
     assert sorted(order) == [(i, j) for i in range(5) for j in range(5)]
 
@@ -202,3 +203,16 @@ def test_chunk_listing_equals_chunks(v1: V1Repo, path: str) -> None:
     assert sizes == [len(r.data) if r.kind == "inline" else r.length for _, r in listed]
     assert [tuple(c) for cs in snap.chunk_coords(path) for c in cs.tolist()] == coords
     assert len(coords) == snap.chunk_count(path)
+
+
+def test_concurrent_lookups(v1: V1Repo) -> None:
+    """Worker threads looking chunks up at once share the manifests' LRU (the daemon's use)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    repo = Repository.open(str(v1.path), {}, manifest_cache_bytes=4096)
+    snap = repo.snapshot(repo.resolve())
+    expected = dict(snap.chunks("split"))
+    coords = [(i, j) for i in range(5) for j in range(5)] * 8
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda c: snap.chunk("split", c), coords))
+    assert got == [expected[c] for c in coords]
