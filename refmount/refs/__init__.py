@@ -117,11 +117,14 @@ def revision_identity(source: str, target_options: Mapping[str, Any], *, timeout
 
         if not os.path.isdir(source if "://" not in source else source.partition("://")[2]):
             return None  # a file: a JSON set, known by its stamps
+    if format is None and source.split("?", 1)[0].endswith(FILE_SUFFIXES):
+        return None  # a JSON file by its name: no requests asking whether it is a repository
     fmt = within(timeout, source, detect_format, source, target_options, format)
     return within(timeout, source, fmt.identity, source, target_options, revision)
 
 
 REVISION_OPTIONS = ("branch", "tag", "snapshot")
+FILE_SUFFIXES = (".json", ".gz", ".bz2", ".xz", ".zst")  # names of reference files
 
 
 def named_format(cfg: Any) -> str | None:

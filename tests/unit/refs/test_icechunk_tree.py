@@ -382,3 +382,17 @@ def test_a_virtual_chunks_recorded_version_is_its_targets_pin() -> None:
     assert "after 2023-11-14T22:13:20Z" in (by.mismatch(Version(mtime_ns=1_700_000_001 * 10**9)) or "")
     assert "no modification time" in (by.mismatch(Version(size=3)) or "")
     assert not pins.keyed(CONTAINER + "c.nc") and pins.keyed(CONTAINER + "a.nc")
+
+
+def test_only_a_format_with_revisions_names_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from refmount.refs import revision_identity
+
+    f = tmp_path / "refs.json"
+    f.write_text("{}")
+    assert revision_identity(str(f), {}, timeout=5) is None
+    # a remote reference file, by its name: no request asks whether it is a repository
+    assert revision_identity("http://127.0.0.1:9/refs.json.gz", {}, timeout=5) is None
+    parquet = tmp_path / "pq"
+    parquet.mkdir()
+    (parquet / ".zmetadata").write_text('{"record_size": 10, "metadata": {}}')
+    assert revision_identity(str(parquet), {}, timeout=5) is None
