@@ -146,6 +146,7 @@ def test_reload_follows_the_branch_head(mount, tmp_path_factory) -> None:
     m = mount(built.root, "no_disk_cache", "reload=1")
     first = zarr.open_array(str(m / "native"), mode="r", zarr_format=3)[...]
     np.testing.assert_array_equal(first, built.expected["second"]["native"])
+    held = open(m / "native/c/4/0", "rb")  # noqa: SIM115  (open across the reload)
     ic.commit_more(built.root, built.container, 11)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -155,6 +156,12 @@ def test_reload_follows_the_branch_head(mount, tmp_path_factory) -> None:
         time.sleep(0.5)
     else:
         pytest.fail(f"the mount still serves the old head\n{m.log_text()}")
+    with held:  # a file open before keeps the snapshot it was opened in
+        old = np.frombuffer(held.read(), "<i4").reshape(8, 5)
+    np.testing.assert_array_equal(old, built.expected["second"]["native"][32:40, :5])
+    stats = run_cli("stats", str(m.path))
+    assert stats.returncode == 0, stats.stderr
+    assert "snapshot" in stats.stdout and "repository" in stats.stdout
     tagged = mount(built.root, "no_disk_cache", "reload=1", "tag=v1")  # a tag does not move
     time.sleep(3)
     np.testing.assert_array_equal(zarr.open_array(str(tagged / "native"), mode="r")[...],
@@ -243,3 +250,18 @@ def test_a_repository_over_http(mount, repo, authorise, nginx, nginx_root) -> No
     m = mount(f"{nginx.url}/icechunk-http/repo", authorise, "no_disk_cache", "branch=dev")
     got = read_all(zarr.open_group(str(m.path), mode="r", zarr_format=3))
     assert_same(got, repo.expected["dev"])
+
+
+def test_local_virtual_chunks_are_authorised_by_allow_local_or_a_rule(mount, tmp_path) -> None:
+    files = tmp_path / "netcdf"
+    container, values = ic.build_local_virtual(tmp_path / "repo", files)
+    np.testing.assert_array_equal(ic.read_local_virtual_with_icechunk(tmp_path / "repo", container), values)
+    m = mount(tmp_path / "repo", "no_disk_cache")
+    with pytest.raises(OSError) as info:
+        (m / "virtual/c/0/0").read_bytes()
+    assert info.value.errno == errno.EIO
+    assert "nor allow_local" in m.log_text()
+    for opt in (f"allow_local={files}", "targets=" + json.dumps([{"prefix": container}])):
+        m = mount(tmp_path / "repo", "no_disk_cache", opt)
+        got = zarr.open_array(str(m / "virtual"), mode="r", zarr_format=3)[...]
+        np.testing.assert_array_equal(got, values)

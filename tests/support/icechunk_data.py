@@ -143,3 +143,37 @@ def read_with_icechunk(root: Path, snapshot: str) -> dict[str, np.ndarray]:
     repo = icechunk.Repository.open(icechunk.local_filesystem_storage(str(root)))
     group = zarr.open_group(repo.readonly_session(snapshot_id=snapshot).store, mode="r")
     return {path: group[path][...] for path in ("native", "small", "sub/zipped", "sub/scalar")}
+
+
+def build_local_virtual(root: Path, files_dir: Path) -> tuple[str, np.ndarray]:
+    """A repository whose array ``virtual`` is virtual chunks of a local netCDF file, under the
+    container ``file://<files_dir>/``; (that container, the values)."""
+    import icechunk
+    import zarr
+
+    files_dir.mkdir(parents=True, exist_ok=True)
+    values = np.arange(ROWS * COLS, dtype="f4").reshape(ROWS, COLS) + 100
+    netcdf = files_dir / "local.nc"
+    offset, _ = write_netcdf(netcdf, values)
+    container = f"file://{files_dir}/"
+    config = icechunk.RepositoryConfig.default()
+    store = icechunk.local_filesystem_store(str(files_dir))
+    config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(container, store))
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(root)), config)
+    session = repo.writable_session("main")
+    group = zarr.group(store=session.store)
+    group.create_array("virtual", shape=(ROWS, COLS), chunks=(2, COLS), dtype="f4", compressors=None,
+                       fill_value=0, dimension_names=["y", "x"])
+    virtual_refs(session.store, f"file://{netcdf}", offset)
+    session.commit("local virtual chunks")
+    return container, values
+
+
+def read_local_virtual_with_icechunk(root: Path, container: str) -> np.ndarray:
+    """The array ``virtual`` as icechunk's own store reads it (the container authorised)."""
+    import icechunk
+    import zarr
+
+    repo = icechunk.Repository.open(icechunk.local_filesystem_storage(str(root)),
+                                    authorize_virtual_chunk_access={container: None})
+    return zarr.open_array(repo.readonly_session(branch="main").store, path="virtual", mode="r")[...]
