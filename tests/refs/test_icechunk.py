@@ -174,8 +174,12 @@ def test_serve_gives_zarr_over_http(serve, repo, authorise) -> None:
     got = read_all(group)
     assert_same(got, repo.expected["second"])
     assert s.request("GET", "/native/c/9/9").status == 404
+    # lists the group over HTTP (zarr's FsspecStore lists nothing under a URL ending with "/")
+    ds = xr.open_zarr(s.url.rstrip("/"), zarr_format=3, consolidated=False)
+    np.testing.assert_array_equal(ds["virtual"].values, repo.expected["second"]["virtual"])
+    np.testing.assert_array_equal(ds["native"].values, repo.expected["second"]["native"])
     refused = serve(repo.root)
-    assert refused.request("GET", "/virtual/c/0/0").status in (404, 502)
+    assert refused.request("GET", "/virtual/c/0/0").status == 502
     assert "is not authorised" in refused.log.read_text()
 
 

@@ -24,6 +24,7 @@ import trio
 
 from refmount.base.errors import FetchError, ReadError
 from refmount.base.lru import LRU
+from refmount.base.redact import redact_url
 from refmount.refs.icechunk.keys import ChunkKeys
 from refmount.refs.icechunk.repository import ChunkRef
 from refmount.refs.index import KeyIndex
@@ -105,6 +106,9 @@ class IcechunkTree:
             return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
         except ReferenceSetError as e:  # a manifest that cannot be read or is malformed
             raise ReadError(str(e)) from None
+        except (OSError, TimeoutError) as e:  # storage errors the reader did not name
+            text = f"manifest read failed: {type(e).__name__}: {e}".splitlines()[0]
+            raise ReadError(redact_url(text)) from None
 
     async def chunk(self, aid: int, number: int) -> ChunkRef | None:
         """The chunk ``number`` of array ``aid``, None where none was written."""
