@@ -269,3 +269,13 @@ def test_local_virtual_chunks_are_authorised_by_allow_local_or_a_rule(mount, tmp
         m = mount(tmp_path / "repo", "no_disk_cache", opt)
         got = zarr.open_array(str(m / "virtual"), mode="r", zarr_format=3)[...]
         np.testing.assert_array_equal(got, values)
+
+
+def test_a_catalogue_directory_serves_a_repository_as_a_set(mount, repo, authorise, tmp_path) -> None:
+    cat = tmp_path / "cat"
+    cat.mkdir()
+    shutil.copytree(repo.root, cat / "era5.icechunk")
+    m = mount(cat, "catalog", authorise, "no_disk_cache")
+    assert sorted(os.listdir(m.path)) == ["era5"]
+    got = read_all(zarr.open_group(str(m / "era5"), mode="r", zarr_format=3))
+    assert_same(got, repo.expected["second"])
