@@ -87,7 +87,9 @@ def test_branch_tag_and_snapshot_choose_what_is_served(mount, repo, authorise, o
 def test_two_revisions_or_a_missing_one_are_one_line_errors(mount_fails, repo) -> None:
     mount_fails(repo.root, "branch=dev", "tag=v1", must_mention=("give one of branch=, tag=, snapshot=",))
     mount_fails(repo.root, "branch=nope", must_mention=("nope",))
-    mount_fails(repo.root, "tag=v1", "format=json")  # stated as another format: refused
+    mount_fails(repo.root, "tag=v1", "format=json",  # stated as another format: refused
+                must_mention=("tag= applies to an Icechunk repository",))
+    mount_fails(repo.root / "refs", "format=icechunk", must_mention=("not an Icechunk repository",))
 
 
 def test_an_unauthorised_virtual_container_is_eio_with_the_reason_in_the_log(mount, repo) -> None:
