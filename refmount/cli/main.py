@@ -272,6 +272,12 @@ def _tool_parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("source", metavar="SOURCE", help="reference set (path or fsspec URL)")
         p.add_argument("--target-options", default="{}", metavar="JSON|@FILE",
                        help="fsspec storage options for opening SOURCE")
+        if command in ("expand", "inspect"):
+            p.add_argument("--format", default=None, choices=("json", "parquet", "icechunk"),
+                           help="SOURCE's format (default: found by its layout)")
+            for name, what in (("branch", "NAME"), ("tag", "NAME"), ("snapshot", "ID")):
+                p.add_argument(f"--{name}", default=None, metavar=what,
+                               help=f"an Icechunk repository: the {name} to read (default: branch main)")
     if command == "expand":
         p.description = ("Write the Version 0 JSON equivalent of any reference set "
                          "(Version 0/1 JSON or Parquet), streaming.")
@@ -303,18 +309,19 @@ def _run_tool(command: str, argv: list[str]) -> int:
         return 0
     options = json_option("--target-options", args.target_options)
     source = os.path.abspath(local_path(args.source)) if is_local(args.source) else args.source
+    revision = {k: v for k in ("branch", "tag", "snapshot") if (v := getattr(args, k, None))}
     if command == "inspect":
         from refmount.targets.rules import TargetRules, load_rules
 
         rules = TargetRules.from_json(load_rules(args.targets, "--targets")) if args.targets else None
-        info = tools.inspect(source, options, rules)
+        info = tools.inspect(source, options, rules, format=args.format, revision=revision)
         print(json.dumps(info, indent=2) if args.json else tools.format_inspect(info))
         return 0
     if args.output == "-":
-        n = tools.expand(source, sys.stdout, options)
+        n = tools.expand(source, sys.stdout, options, format=args.format, revision=revision)
     else:
         with fsspec.open(args.output, "wt", compression="infer", encoding="utf-8") as out:
-            n = tools.expand(source, out, options)
+            n = tools.expand(source, out, options, format=args.format, revision=revision)
     print(f"refmount: wrote {n:,} keys", file=sys.stderr)
     return 0
 

@@ -22,9 +22,12 @@ from refmount.targets.rules import TargetRules
 
 
 def iter_references(source: str, target_options: dict[str, Any], progress: Progress | None = None,
-                    quirks: dict[str, int] | None = None) -> Iterator[tuple[str, Ref]]:
-    """(key, Ref) pairs; ``quirks`` (when given) receives the producer quirks accepted."""
-    pairs = detect_format(source, target_options).references(source, target_options, quirks)
+                    quirks: dict[str, int] | None = None, *, format: str | None = None,
+                    revision: dict[str, str] | None = None) -> Iterator[tuple[str, Ref]]:
+    """(key, Ref) pairs; ``quirks`` (when given) receives the producer quirks accepted;
+    ``format`` and ``revision`` as ``-o format=`` and ``-o branch=``/``tag=``/``snapshot=``."""
+    fmt = detect_format(source, target_options, format)
+    pairs = fmt.references(source, target_options, quirks, revision=revision)
     for pair in pairs:
         if progress is not None:
             progress.count += 1
@@ -49,12 +52,13 @@ def ref_to_json(ref: Ref) -> Any:
     return [ref.url, ref.offset, ref.length]
 
 
-def expand(source: str, out: IO[str], target_options: dict[str, Any]) -> int:
+def expand(source: str, out: IO[str], target_options: dict[str, Any], *, format: str | None = None,
+           revision: dict[str, str] | None = None) -> int:
     """Stream the Version 0 equivalent of any reference set to ``out``; returns key count."""
     progress = Progress(f"expanding {redact_url(source)}")
     n = 0
     try:
-        pairs = iter_references(source, target_options, progress)
+        pairs = iter_references(source, target_options, progress, format=format, revision=revision)
         first = next(pairs, None)  # parse errors surface before anything is written
         out.write("{")
         if first is not None:
@@ -71,7 +75,8 @@ def expand(source: str, out: IO[str], target_options: dict[str, Any]) -> int:
 
 
 def inspect(source: str, target_options: dict[str, Any],
-            rules: TargetRules | None = None) -> dict[str, Any]:
+            rules: TargetRules | None = None, *, format: str | None = None,
+            revision: dict[str, str] | None = None) -> dict[str, Any]:
     progress = Progress(f"reading {redact_url(source)}")
     keys = inline_bytes = referenced = whole = 0
     targets: set[str] = set()
@@ -80,7 +85,8 @@ def inspect(source: str, target_options: dict[str, Any],
     stored: dict[str, list[int]] = {}  # directory -> [chunk-like keys, their referenced bytes]
     quirks: dict[str, int] = {}
     try:
-        for key, ref in iter_references(source, target_options, progress, quirks):
+        for key, ref in iter_references(source, target_options, progress, quirks, format=format,
+                                        revision=revision):
             keys += 1
             head, _, name = key.rpartition("/")
             if name.endswith((".zarray", ".zmetadata")) or name == "zarr.json":
@@ -116,9 +122,12 @@ def inspect(source: str, target_options: dict[str, Any],
         progress.close()
     _decoded_sizes(arrays, metadata, stored)
     routed = _routes(source, targets, rules) if rules else None
+    fmt = detect_format(source, target_options, format)
+    described = fmt.describe(source, target_options, revision)
     return {
         "source": redact_url(source),  # printed: no user:password@, tokens or signatures
-        "format": detect_format(source, target_options).name,
+        "format": fmt.name,
+        **({"revision": described} if described else {}),
         "keys": keys,
         "arrays": arrays,
         "targets": len(targets),
@@ -199,6 +208,7 @@ def format_inspect(info: dict[str, Any]) -> str:
     lines = [
         f"source            {info['source']}",
         f"format            {info['format']}",
+        *(f"{name.replace('_', ' '):18}{value}" for name, value in info.get("revision", {}).items()),
         f"keys              {info['keys']:,}",
         f"distinct targets  {info['targets']:,}",
         f"referenced bytes  {info['referenced_bytes']:,} ({human(info['referenced_bytes'])})"
@@ -255,6 +265,10 @@ def _format_routes(routed: dict[str, Any]) -> list[str]:
 STATS_XATTR = "user.refmount.stats"
 
 
+# what a mount of an Icechunk repository says of it (the root's user.refmount.* attributes)
+REPOSITORY_ROWS = ("repository", "format_version", "revision", "snapshot", "snapshot_time")
+
+
 def read_stats(mountpoint: str) -> dict[str, Any]:
     try:
         raw = os.getxattr(mountpoint, STATS_XATTR)
@@ -264,7 +278,7 @@ def read_stats(mountpoint: str) -> dict[str, Any]:
                                f"'fusermount3 -uz {mountpoint}'") from None
         raise RuntimeError(f"{mountpoint}: not a refmount mount ({e.strerror})") from None
     stats = json.loads(raw)
-    for name in ("source", "format", "keys", "targets", "log"):
+    for name in ("source", "format", *REPOSITORY_ROWS, "keys", "targets", "log"):
         with contextlib.suppress(OSError):
             value = os.getxattr(mountpoint, f"user.refmount.{name}").decode()
             stats[name] = int(value) if value.isdigit() else value
@@ -288,7 +302,9 @@ def read_server_stats(url: str, timeout: float = 10.0) -> dict[str, Any]:
 
 def format_stats(stats: dict[str, Any]) -> str:
     order = [
-        ("source", "source"), ("keys", "keys"), ("uptime", "uptime (s)"),
+        ("source", "source"), ("repository", "repository"), ("format_version", "format version"),
+        ("revision", "branches, tags"), ("snapshot", "snapshot (mounted)"),
+        ("snapshot_time", "snapshot time"), ("keys", "keys"), ("uptime", "uptime (s)"),
         ("lookups", "FUSE lookups"), ("opens", "FUSE opens"), ("reads", "FUSE reads"),
         ("bytes_read", "bytes returned"),
         ("requests", "fetches from targets"), ("bytes_fetched", "bytes fetched"),
@@ -349,6 +365,8 @@ def _set_rows(stats: dict[str, Any]) -> list[tuple[str, str]]:
         text = str(state.get("state"))
         if state.get("version"):
             text += f", version {state['version']}"
+        if state.get("snapshot"):
+            text += f", snapshot {state['snapshot']}"
         if state.get("open_files"):
             text += f", {state['open_files']} open files"
         if state.get("last_reload"):

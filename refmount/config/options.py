@@ -52,6 +52,20 @@ OPTIONS: tuple[Option, ...] = (
            "options merged over remote_options), \"credentials\" (a command printing "
            "options that expire)}; the longest matching prefix wins "
            "(docs/configuration.md#target-rules)"),
+    # which set, and which revision of it
+    Option("format", Choice(("auto", "json", "parquet", "icechunk")), "auto",
+           "SOURCE's format: found by its layout (auto), or stated"),
+    Option("branch", Text(), None,
+           "an Icechunk repository: serve the head of branch NAME (followed as it moves with "
+           "reload)", shown_default="main"),
+    Option("tag", Text(), None, "an Icechunk repository: serve the snapshot tag NAME names",
+           shown_default="none"),
+    Option("snapshot", Text("ID"), None, "an Icechunk repository: serve snapshot ID",
+           shown_default="none"),
+    Option("no_virtual_pins", Flag(False), True,
+           "an Icechunk repository: read virtual chunks whose target changed since the "
+           "repository recorded its ETag or modification time (by default: EIO)",
+           field="virtual_pins"),
     # FUSE and permissions
     Option("allow_other", Flag(), False,
            "let other users access the mount (needs user_allow_other in /etc/fuse.conf for "

@@ -52,7 +52,8 @@ from refmount.targets.credentials import RuleCredentials
 from refmount.targets.fetch import Fetcher
 from refmount.targets.pins import Pins
 from refmount.targets.policy import target_policy
-from refmount.targets.rules import Rule, TargetRules
+from refmount.targets.rules import Rule, TargetRules, with_own_objects
+from refmount.targets.virtualaccess import VirtualAccess
 
 __all__ = ["SetCore", "build_core"]
 
@@ -231,7 +232,7 @@ def disk_cache_key(fetcher: Fetcher) -> Callable[[str], str]:
 
     def key(url: str) -> str:
         route = fetcher.route(url)
-        if pins is not None:  # a pinned target's blocks: its pinned version's, cached by such mounts
+        if pins is not None and pins.keyed(url):  # a pinned target's blocks: its pinned version's
             return f"{tag(route.rule)}\0{identity(route.urls[0])}\0pin:{pins.token(url)}"
         return f"{tag(route.rule)}\0{identity(route.urls[0])}"
 
@@ -242,11 +243,20 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
     """The core of one set from its configuration and prepared index, not yet running."""
     stats = Stats(shared=bool(cfg.allow_other or cfg.allow_root or cfg.serving))  # last_error: fixed texts
     pins = Pins.load(cfg.pins, stats) if cfg.pins else None
-    rules = TargetRules.from_json(cfg.targets)
+    if pins is None and cfg.virtual_pins:  # versions recorded with references (Icechunk)
+        pins = Pins({}, "the reference", stats, required=False)
+    policy = target_policy(cfg)
+    user_rules = TargetRules.from_json(cfg.targets)
+    fmt = format_named(index_file.kind)
+    opened = fmt.open_tree(index_file, cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
+                           limits=Limits.from_config(cfg), relative=policy.relative,
+                           access=VirtualAccess(user_rules, cfg.allow_local,
+                                                pins if cfg.virtual_pins else None))
+    rules = with_own_objects(user_rules, opened.own_objects)
     credentials = RuleCredentials(rules.rules, shown=stats.credentials)  # their processes
     fetcher = Fetcher(
         cfg.remote_options,
-        target_policy(cfg),
+        policy,
         timeout=cfg.timeout,
         retries=cfg.retries,
         max_connections=cfg.max_connections,
@@ -271,9 +281,6 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
         max_readahead=cfg.max_readahead,
         stats=stats,
     )
-    fmt = format_named(index_file.kind)
-    opened = fmt.open_tree(index_file, cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
-                           limits=Limits.from_config(cfg), relative=fetcher.policy.relative)
     tree: Tree = opened.tree
     info = {"source": redact_url(cfg.source), "format": fmt.name, **opened.info}
     info["keys"] = str(len(tree))

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FORMATS",
+    "REVISION_OPTIONS",
     "Format",
     "IndexFile",
     "KeyIndex",
@@ -36,7 +37,10 @@ __all__ = [
     "build_index",
     "detect_format",
     "format_named",
+    "named_format",
     "prepare_index",
+    "revision_identity",
+    "revision_of",
 ]
 
 # Names whose modules need numpy or pyarrow are loaded on first use (PEP 562), so that what
@@ -64,13 +68,17 @@ def __getattr__(name: str) -> Any:
 def _formats() -> tuple[Format, ...]:
     """The registry, in the order SOURCE is tried: the first format whose ``detect`` says yes
     reads it. JSON claims whatever is left (its parse says what is wrong), so it comes last."""
+    from refmount.refs.icechunk.format import IcechunkFormat
     from refmount.refs.jsonrefs import JsonFormat
     from refmount.refs.parquet import ParquetFormat
 
-    return (ParquetFormat(), JsonFormat())
+    return (IcechunkFormat(), ParquetFormat(), JsonFormat())
 
 
-def detect_format(source: str, target_options: Mapping[str, Any]) -> Format:
+def detect_format(source: str, target_options: Mapping[str, Any], named: str | None = None) -> Format:
+    """SOURCE's format: the one ``named`` (``-o format=``), else the first that detects it."""
+    if named:
+        return format_named(named)
     for fmt in _formats():
         if fmt.detect(source, target_options):
             return fmt
@@ -85,13 +93,46 @@ def format_named(name: str) -> Format:
 
 
 def prepare_index(source: str, target_options: Mapping[str, Any], *, bad_keys: str = "error",
-                  limits: Limits | None = None, cache_dir: str | None = None) -> IndexFile:
-    """Parse or validate SOURCE in its format (see Format.prepare). Asking a remote SOURCE
-    what it is ends within ``limits.source_timeout``, as each open and read of it does."""
+                  limits: Limits | None = None, cache_dir: str | None = None,
+                  format: str | None = None, revision: Mapping[str, str] | None = None) -> IndexFile:
+    """Parse or validate SOURCE in its format (see Format.prepare): the one ``format`` names,
+    else the one that detects it. Asking a remote SOURCE what it is ends within
+    ``limits.source_timeout``, as each open and read of it does. ``revision``: which revision
+    of SOURCE (``-o branch=``, ``tag=``, ``snapshot=``), for a format that has them."""
     from refmount.refs.limits import DEFAULT_LIMITS
 
     limits = limits or DEFAULT_LIMITS
     timeout = None if is_local(source) else limits.source_timeout
-    fmt = within(timeout, source, detect_format, source, target_options)
+    fmt = within(timeout, source, detect_format, source, target_options, format)
     return fmt.prepare(source, target_options, bad_keys=bad_keys, limits=limits,
-                       cache_dir=cache_dir)
+                       cache_dir=cache_dir, revision=revision)
+
+
+def revision_identity(source: str, target_options: Mapping[str, Any], *, timeout: float | None,
+                      format: str | None = None, revision: Mapping[str, str] | None = None) -> str | None:
+    """What names the revision of SOURCE served now, when its format has revisions (an Icechunk
+    branch's head), within ``timeout``; None for a format whose files' stamps tell a change."""
+    if format is None and is_local(source):
+        import os
+
+        if not os.path.isdir(source if "://" not in source else source.partition("://")[2]):
+            return None  # a file: a JSON set, known by its stamps
+    if format is None and source.split("?", 1)[0].endswith(FILE_SUFFIXES):
+        return None  # a JSON file by its name: no requests asking whether it is a repository
+    fmt = within(timeout, source, detect_format, source, target_options, format)
+    return within(timeout, source, fmt.identity, source, target_options, revision)
+
+
+REVISION_OPTIONS = ("branch", "tag", "snapshot")
+FILE_SUFFIXES = (".json", ".gz", ".bz2", ".xz", ".zst")  # names of reference files
+
+
+def named_format(cfg: Any) -> str | None:
+    """The format ``-o format=`` states (None: found by SOURCE's layout)."""
+    name = getattr(cfg, "format", None)
+    return None if name in (None, "auto") else name
+
+
+def revision_of(cfg: Any) -> dict[str, str]:
+    """The revision options a configuration gives (``-o branch=``, ``tag=``, ``snapshot=``)."""
+    return {name: value for name in REVISION_OPTIONS if (value := getattr(cfg, name, None))}

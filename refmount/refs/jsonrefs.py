@@ -14,14 +14,14 @@ import lzma
 import os
 import re
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
 import ijson
 import zstandard
 
 from refmount.base.process import private_dir
-from refmount.refs.format import Format, IndexFile, OpenedTree, Options
+from refmount.refs.format import Access, Format, IndexFile, OpenedTree, Options
 from refmount.refs.index import INDEX_FORMAT, KeyIndex
 from refmount.refs.indexbuilder import IndexBuilder
 from refmount.refs.indexfiles import (
@@ -214,7 +214,9 @@ class JsonFormat(Format):
         return True
 
     def prepare(self, source: str, target_options: Options, *, bad_keys: str = "error",
-                limits: Limits = DEFAULT_LIMITS, cache_dir: str | None = None) -> IndexFile:
+                limits: Limits = DEFAULT_LIMITS, cache_dir: str | None = None,
+                revision: Mapping[str, str] | None = None) -> IndexFile:
+        self.check_revision(source, revision)
         options = dict(target_options)
         # The limits are in the identity: a set accepted under other limits is checked again.
         variant = f"{INDEX_FORMAT}|{bad_keys}|{limits}"
@@ -277,7 +279,8 @@ class JsonFormat(Format):
 
     def open_tree(self, index: IndexFile, source: str, target_options: Options, *,
                   bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS,
-                  relative: Callable[[str], bool] | None = None) -> OpenedTree:
+                  relative: Callable[[str], bool] | None = None,
+                  access: Access | None = None) -> OpenedTree:
         keys = KeyIndex.open(index.path)
         stamp = keys.metadata.get("source_mtime_ns")
         mtime_ns = int(stamp) if stamp and stamp.isdigit() else os.stat(index.path).st_mtime_ns
@@ -288,7 +291,10 @@ class JsonFormat(Format):
         return OpenedTree(KeyTree(keys), keys, mtime_ns, info)
 
     def references(self, source: str, target_options: Options,
-                   quirks: dict[str, int] | None = None) -> Iterator[tuple[str, Ref]]:
+                   quirks: dict[str, int] | None = None,
+                   revision: Mapping[str, str] | None = None,
+                   access: Access | None = None) -> Iterator[tuple[str, Ref]]:
+        self.check_revision(source, revision)
         builder = build_index(source, dict(target_options))
         keys = KeyIndex(builder.finish())
         if quirks is not None:

@@ -33,6 +33,7 @@ class IndexFile:
     temporary: bool  # delete once the daemon has mapped it
     reused: bool  # an unchanged set's persisted index was found
     kind: str = "json"  # the name of the Format that prepared it
+    revision: str = ""  # the revision of SOURCE prepared (an Icechunk snapshot id); "" for none
 
 
 INT64_MAX = 2**63 - 1

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from refmount.refs.chunktree import ChunkTree
-from refmount.refs.format import Format, IndexFile, OpenedTree, Options
+from refmount.refs.format import Access, Format, IndexFile, OpenedTree, Options
 from refmount.refs.index import KeyIndex
 from refmount.refs.limits import DEFAULT_LIMITS, Limits
 from refmount.refs.model import Ref
@@ -35,7 +35,9 @@ class ParquetFormat(Format):
         return parquet_root(source, dict(target_options)) is not None
 
     def prepare(self, source: str, target_options: Options, *, bad_keys: str = "error",
-                limits: Limits = DEFAULT_LIMITS, cache_dir: str | None = None) -> IndexFile:
+                limits: Limits = DEFAULT_LIMITS, cache_dir: str | None = None,
+                revision: Mapping[str, str] | None = None) -> IndexFile:
+        self.check_revision(source, revision)
         pset = load_parquet_set(source, dict(target_options), bad_keys, limits)  # validate .zmetadata now
         if pset.skipped:
             log.warning("skipped %d metadata keys that cannot be paths (bad_keys=skip), e.g. %r",
@@ -51,7 +53,8 @@ class ParquetFormat(Format):
 
     def open_tree(self, index: IndexFile, source: str, target_options: Options, *,
                   bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS,
-                  relative: Callable[[str], bool] | None = None) -> OpenedTree:
+                  relative: Callable[[str], bool] | None = None,
+                  access: Access | None = None) -> OpenedTree:
         options = dict(target_options)
         pset = load_parquet_set(source, options, bad_keys, limits)
         tree = ChunkTree(pset, RecordCache(pset, options, max_inline=limits.max_inline,
@@ -60,7 +63,10 @@ class ParquetFormat(Format):
         return OpenedTree(tree, pset.metadata, time.time_ns(), info)
 
     def references(self, source: str, target_options: Options,
-                   quirks: dict[str, int] | None = None) -> Iterator[tuple[str, Ref]]:
+                   quirks: dict[str, int] | None = None,
+                   revision: Mapping[str, str] | None = None,
+                   access: Access | None = None) -> Iterator[tuple[str, Ref]]:
+        self.check_revision(source, revision)
         options = dict(target_options)
         pset = load_parquet_set(source, options, "error")
         if quirks is not None:

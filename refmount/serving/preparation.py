@@ -19,7 +19,7 @@ from refmount.base.errors import ConfigError, MountError
 from refmount.base.progress import Progress
 from refmount.base.redact import redact_url
 from refmount.config import MountConfig
-from refmount.refs import IndexFile, format_named, prepare_index
+from refmount.refs import IndexFile, format_named, named_format, prepare_index, revision_of
 from refmount.refs.limits import Limits
 from refmount.targets.policy import TargetRefused, check_targets
 
@@ -32,7 +32,8 @@ def index_source(cfg: MountConfig) -> IndexFile:
     with Progress(f"indexing {redact_url(cfg.source)}", keys=False):
         return prepare_index(cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
                              limits=Limits.from_config(cfg),
-                             cache_dir=cfg.cache_dir if cfg.disk_cache else None)
+                             cache_dir=cfg.cache_dir if cfg.disk_cache else None,
+                             format=named_format(cfg), revision=revision_of(cfg))
 
 
 def _check_confined_source(source: str, roots: list[str]) -> None:

@@ -5,10 +5,11 @@ A catalogue (``-o catalog``) is one of three forms, told apart by what CATALOG i
 1. **a directory of reference sets** (local or any fsspec URL that lists; an HTTP listing
    URL ends with ``/``): every JSON set (``.json``, or ``.json`` + a compression suffix
    fsspec infers: ``.gz``, ``.bz2``, ``.xz``, ``.lzma``, ``.zst``, ``.zip``) and every Parquet
-   reference directory (one holding ``.zmetadata``) directly inside it. A set's name is its
+   reference directory (one holding ``.zmetadata``) and every Icechunk repository (one
+   holding ``repo`` or ``refs/branch.main/ref.json``) directly inside it. A set's name is its
    entry's name without those suffixes (``era5.json.gz`` -> ``era5``, ``run.parq/`` ->
-   ``run``; ``.parq`` and ``.parquet`` are stripped from a directory). Hidden entries and
-   anything else are ignored;
+   ``run``; ``.parq``, ``.parquet`` and ``.icechunk`` are stripped from a directory). Hidden
+   entries and anything else are ignored;
 2. **a list file** (JSON, or YAML for ``.yaml``/``.yml``): ``{"sets": {NAME: SOURCE | {"source":
    SOURCE, "options": "decode,timeout=30" | {"decode": true, ...}}}}``; a relative SOURCE is
    relative to the list file's directory;
@@ -62,7 +63,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-PARQUET_SUFFIXES = (".parquet", ".parq")  # stripped from a Parquet reference directory's name
+PARQUET_SUFFIXES = (".parquet", ".parq", ".icechunk")  # stripped from a set directory's name
+# a directory that is a set holds one of these (a Parquet set; an Icechunk repository)
+SET_DIRECTORY_MARKS = (".zmetadata", "repo", "refs/branch.main/ref.json")
 LIST_SUFFIXES_YAML = (".yaml", ".yml")
 MAX_NAME_BYTES = 255
 ZARR_KEYS = (".zgroup", ".zattrs", ".zarray", ".zmetadata")  # a reference set's, not a catalogue's
@@ -274,10 +277,13 @@ class _Reader:
                     f.cancel()
 
     def _is_parquet_dir(self, fs: Any, source: str) -> bool:
+        """Whether directory ``source`` is a set: a Parquet set or an Icechunk repository."""
         if self.local:
-            return os.path.isfile(os.path.join(local_path(source), ".zmetadata"))
+            return any(os.path.isfile(os.path.join(local_path(source), mark))
+                       for mark in SET_DIRECTORY_MARKS)
         _, path = url_to_fs(source, **self.options)
-        return bool(self.call(fs.isfile, path.rstrip("/") + "/.zmetadata"))
+        return any(bool(self.call(fs.isfile, path.rstrip("/") + "/" + mark))
+                   for mark in SET_DIRECTORY_MARKS)
 
     def parse(self, url: str, data: bytes) -> Any:
         path = url.split("?", 1)[0].split("#", 1)[0]

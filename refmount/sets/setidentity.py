@@ -16,6 +16,7 @@ from fsspec.core import url_to_fs
 from refmount.base.errors import CatalogError
 from refmount.base.redact import redact_url
 from refmount.base.urls import is_chained, is_local, local_path, protocol
+from refmount.refs import ReferenceSetError, revision_identity
 from refmount.refs.deadline import SourceTimeout, within
 from refmount.sets.catalog import json_set_name
 
@@ -25,20 +26,29 @@ STAMPS = ("mtime", "ETag", "etag", "Last-Modified", "LastModified", "last_modifi
           "Content-MD5", "Digest", "generation", "VersionId", "version_id", "created", "ino")
 
 
-def source_identity(source: str, storage_options: dict[str, Any], *, timeout: float) -> str:
+def source_identity(source: str, storage_options: dict[str, Any], *, timeout: float,
+                    format: str | None = None, revision: dict[str, str] | None = None) -> str:
     """A short string that changes when the reference set at ``source`` changes: the size
     and modification stamp (mtime, ETag, Last-Modified, version) of its file; for a Parquet
     reference directory, of its ``.zmetadata`` and of the listing of its record files. A file
     whose storage gives no stamp (an HTTP server without ``ETag`` or ``Last-Modified``) is
-    known by the digest of its first DIGEST_BYTES.
+    known by the digest of its first DIGEST_BYTES. A format with revisions names the one served
+    (an Icechunk repository: its branch's head snapshot; ``format`` and ``revision`` as
+    ``-o format=``, ``-o branch=``...).
     OSError (FileNotFoundError when it is gone) or CatalogError when it cannot be read."""
     try:
+        named = revision_identity(source, storage_options, timeout=timeout, format=format,
+                                  revision=revision)
+        if named is not None:
+            return hashlib.sha256(named.encode()).hexdigest()[:24]
         if is_local(source):
             parts = _local_identity(local_path(source))
         else:
             parts = within(timeout, redact_url(source), _remote_identity, source,
                            dict(storage_options))
     except SourceTimeout as e:
+        raise CatalogError(str(e)) from None
+    except ReferenceSetError as e:  # a repository that cannot be read, a branch gone
         raise CatalogError(str(e)) from None
     except (OSError, CatalogError):
         raise

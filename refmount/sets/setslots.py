@@ -89,6 +89,9 @@ class SetSlot:
             out["version"] = self.versions
         if cur is not None:
             out["open_files"] = cur.handles
+            served = (getattr(cur.core, "info", None) or {}).get("snapshot")
+            if served:  # the revision a version serves (an Icechunk snapshot)
+                out["snapshot"] = served
         if self.last_reload is not None:
             out["last_reload"] = _stamp(self.last_reload)
         if self.last_check is not None:

@@ -213,15 +213,22 @@ def set_extents(cfg: MountConfig) -> dict[str, int]:
     import contextlib
     import os
 
-    from refmount.refs import format_named, prepare_index
+    from refmount.refs import format_named, named_format, prepare_index, revision_of
     from refmount.refs.limits import Limits
 
     index_file = prepare_index(cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
-                               limits=Limits.from_config(cfg), cache_dir=None)
+                               limits=Limits.from_config(cfg), cache_dir=None,
+                               format=named_format(cfg), revision=revision_of(cfg))
     try:
         if index_file.path:
             return target_extents(KeyIndex.open(index_file.path))
-        return extents_of(format_named(index_file.kind).references(cfg.source, cfg.target_options))
+        from refmount.targets.rules import TargetRules
+        from refmount.targets.virtualaccess import VirtualAccess
+
+        revision = {"snapshot": index_file.revision} if index_file.revision else None
+        access = VirtualAccess(TargetRules.from_json(cfg.targets), cfg.allow_local, None)
+        return extents_of(format_named(index_file.kind).references(
+            cfg.source, cfg.target_options, revision=revision, access=access))
     finally:
         if index_file.temporary:
             with contextlib.suppress(OSError):
@@ -236,12 +243,14 @@ def verify_set(cfg: MountConfig, *, jobs: int) -> list[TargetReport]:
     from refmount.targets.fetch import Fetcher
     from refmount.targets.pins import read_pins
     from refmount.targets.policy import target_policy
+    from refmount.targets.rules import TargetRules
 
     pins = read_pins(cfg.pins) if cfg.pins else None
     with Progress(f"indexing {redact_url(cfg.source)}", keys=False):
         extents = set_extents(cfg)
     fetcher = Fetcher(cfg.remote_options, target_policy(cfg), timeout=cfg.timeout,
-                      retries=cfg.retries, max_connections=cfg.max_connections, stats=Stats())
+                      retries=cfg.retries, max_connections=cfg.max_connections, stats=Stats(),
+                      rules=TargetRules.from_json(cfg.targets))  # read where a mount reads them
     reports: list[TargetReport] = []
 
     async def main(progress: Progress) -> None:

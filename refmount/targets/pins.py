@@ -223,9 +223,15 @@ class Pins:
 
     MAX_CHANGED = 100_000  # changed targets remembered at once
 
-    def __init__(self, pins: dict[str, Version], where: str = "", stats: Any = None) -> None:
+    MAX_ADDED = 1_000_000  # pins added while serving (``add``), at most
+
+    def __init__(self, pins: dict[str, Version], where: str = "", stats: Any = None,
+                 required: bool = True) -> None:
         self._pins = pins
         self.where = where
+        # required: a target without a pin is refused (a pin file); else it is read unchecked
+        # (pins added while serving: an Icechunk repository's virtual chunks, ``add``)
+        self.required = required
         self._changed: LRU[str, str] = LRU(self.MAX_CHANGED)
         # counted in ``stats`` (the mount's Stats): pin_refusals, pinned_targets_changed
         self.stats = stats if stats is not None else _Counts()
@@ -256,14 +262,24 @@ class Pins:
         self.stats.pin_refusals += 1
         return self._error(url, reason)
 
-    def check(self, url: str) -> Version:
-        """The pin of ``url``; a PinMismatch if it has none or was found changed."""
+    def check(self, url: str) -> Version | None:
+        """The pin of ``url``; a PinMismatch if it was found changed, or if it has none and
+        pins are required (None: it has none and may be read unchecked)."""
         if (known := self.refused(url)) is not None:
             raise known
         pin = self._pins.get(url)
-        if pin is None:
+        if pin is None and self.required:
             raise self.refuse(url, f"not pinned in {self.where or 'the pin file'}")
         return pin
+
+    def add(self, url: str, version: Version) -> None:
+        """Pin ``url`` to ``version`` unless it is pinned already (the first pin stays)."""
+        if url not in self._pins and len(self._pins) < self.MAX_ADDED:
+            self._pins[url] = version
+
+    def keyed(self, url: str) -> bool:
+        """Whether ``url``'s blocks are cached by its pinned version (``token``)."""
+        return self.required or url in self._pins
 
     def refuse(self, url: str, reason: str) -> PinMismatch:
         """Record ``url`` as changed (logged once per target) and return the read's error."""
@@ -271,9 +287,14 @@ class Pins:
         if self._changed.peek(url) is None:
             self.stats.pinned_targets_changed += 1
             self._changed.put(url, reason)
-            log.error("target %s is not its pinned version (%s): its reads fail with EIO until "
-                      "it is pinned again (refmount verify SOURCE --pin FILE, then remount)",
-                      redact_url(url), reason)
+            if self.required:
+                log.error("target %s is not its pinned version (%s): its reads fail with EIO until "
+                          "it is pinned again (refmount verify SOURCE --pin FILE, then remount)",
+                          redact_url(url), reason)
+            else:
+                log.error("target %s is not the version its references recorded (%s): their reads "
+                          "fail with EIO (-o no_virtual_pins reads it as it is now)",
+                          redact_url(url), reason)
         return self._error(url, reason)
 
     @staticmethod

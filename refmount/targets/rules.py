@@ -254,3 +254,15 @@ def load_rules(text: str, name: str = "targets") -> list[dict[str, Any]]:
     """Rules written as ``-o targets=`` takes them (inline JSON or ``@FILE``, read now, at most
     ``MAX_RULES_FILE`` bytes), checked. Never echoes the text: rule options may hold credentials."""
     return check_rules(Rules().parse(name, text), name)
+
+
+def with_own_objects(rules: TargetRules, own: tuple[str, Mapping[str, Any]] | None) -> TargetRules:
+    """``rules`` and, after them, one for a set's own objects read as targets (an Icechunk
+    repository's chunks: ``OpenedTree.own_objects``), with SOURCE's storage options — unless a
+    rule of the user's has that very prefix."""
+    if own is None:
+        return rules
+    prefix, options = own
+    if any(_match_key(r.prefix) == _match_key(prefix) for r in rules.rules):
+        return rules
+    return TargetRules([*rules.rules, Rule(len(rules.rules) + 1, prefix, (), dict(options))])

@@ -5,6 +5,8 @@ are made of these; the local reader (targets/localfile.py) checks them. Pure: no
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +32,9 @@ class Version:
     last_modified: str | None = None
     mtime_ns: int | None = None
     version_id: str | None = None
+    # seconds since the epoch: the target may not have been modified after this time (an
+    # Icechunk virtual chunk's recorded time); not part of a pin file
+    modified_by: int | None = None
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str], size: int | None) -> Version:
@@ -58,7 +63,10 @@ class Version:
 
     def token(self) -> str:
         """A stable text naming this version (part of the disk cache's key of a pinned target)."""
-        return json.dumps(self.as_json(), sort_keys=True)
+        doc = self.as_json()
+        if self.modified_by is not None:
+            doc["modified_by"] = self.modified_by
+        return json.dumps(doc, sort_keys=True)
 
     @property
     def strong_etag(self) -> str | None:
@@ -85,4 +93,32 @@ class Version:
                 return f"{label} {now}, pinned {pinned}"
         if seen.size is None and self.size is not None and self.etag is None and self.version_id is None:
             return "the store reports neither the size nor an ETag"
+        if self.modified_by is not None:
+            when = seen.modified_seconds()
+            if when is None:
+                return "the store reports no modification time"
+            if when > self.modified_by:
+                return (f"modified at {_iso(when)}, after {_iso(self.modified_by)} (the time "
+                        "recorded with the reference)")
         return None
+
+    def modified_seconds(self) -> float | None:
+        """The modification time reported, in seconds since the epoch (None: none, or not
+        readable)."""
+        if self.mtime_ns is not None:
+            return self.mtime_ns / 1e9
+        if not self.last_modified:
+            return None
+        try:
+            return email.utils.parsedate_to_datetime(self.last_modified).timestamp()
+        except (TypeError, ValueError):
+            pass
+        try:
+            when = datetime.datetime.fromisoformat(self.last_modified)
+        except ValueError:
+            return None
+        return (when if when.tzinfo else when.replace(tzinfo=datetime.UTC)).timestamp()
+
+
+def _iso(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

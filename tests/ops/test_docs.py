@@ -90,6 +90,9 @@ class Place:
              "gen": [{"key": "k/{{i}}", "url": "{{u}}", "offset": "{{i * 10}}", "length": "10",
                       "dimensions": {"i": {"stop": 5}}}],
              "refs": {".zgroup": '{"zarr_format": 2}'}}))
+        from support.icechunk_data import build_repository  # an Icechunk repository (tag v1)
+
+        build_repository(base / "srv/icechunk/era5", base / "srv/icechunk-files")
         srv = base / "srv/refs"
         srv.mkdir(parents=True)
         for name in ("data.json", "era5.json"):

@@ -623,3 +623,21 @@ def test_catalog_options_declared() -> None:
         apply_options(cfg, ["reload=-1"])
     with pytest.raises(ConfigError, match="timeout must be positive"):
         apply_options(cfg, ["timeout=0"])
+
+
+def test_a_directory_holds_icechunk_repositories_too(tmp_path: Path, set_dir: Path) -> None:
+    import icechunk
+    import zarr
+
+    cat = tmp_path / "cat"
+    cat.mkdir()
+    (cat / "plain.json").write_bytes((set_dir / "refs.json").read_bytes())
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(cat / "era5.icechunk")))
+    session = repo.writable_session("main")
+    zarr.group(store=session.store).create_array("t", shape=(4,), chunks=(2,), dtype="i1")[:] = 1
+    session.commit("one")
+    (cat / "notes").mkdir()  # a directory that is no set
+    entries = read(cat)
+    assert list(entries) == ["era5", "plain"]
+    assert entries["era5"].source == str(cat / "era5.icechunk")
+    assert prepare_index(entries["era5"].source, {}, cache_dir=None).kind == "icechunk"

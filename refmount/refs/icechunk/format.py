@@ -1,0 +1,283 @@
+"""Icechunk repositories as a reference-set format: this format's entry in the registry.
+
+``prepare`` (in the foreground) opens the repository, resolves ``-o branch=``/``tag=``/
+``snapshot=`` (default: branch ``main``) to one snapshot and checks its nodes; the snapshot's
+id travels to the daemon in the ``IndexFile`` (``revision``), so the daemon serves exactly the
+snapshot the CLI resolved. ``open_tree`` serves that snapshot through an ``IcechunkTree``
+(tree.py): every node's ``zarr.json``, and the chunk keys of each array, listed lazily from
+the manifests.
+
+Chunks become references: an inline one its bytes, a native one a range of the repository's
+object (``Repository.object_url``: read with SOURCE's storage options, ``OpenedTree.own_objects``),
+a virtual one a range of its URL, read only when the URL lies under a virtual chunk container
+the repository declares **and** the mount authorises (``access``, from the target rules).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+
+from refmount.base.redact import redact_url
+from refmount.base.urls import climbs, is_local, local_path, normal_url
+from refmount.refs.format import Access, Format, IndexFile, OpenedTree, Options
+from refmount.refs.icechunk.keys import ChunkKeys, UnsupportedArray
+from refmount.refs.icechunk.repository import ChunkRef, IcechunkError, Repository, Snapshot
+from refmount.refs.icechunk.tree import ArrayKeys, ChunkSource, IcechunkTree, virtual_refusal
+from refmount.refs.index import KeyIndex
+from refmount.refs.indexbuilder import IndexBuilder
+from refmount.refs.limits import DEFAULT_LIMITS, Limits
+from refmount.refs.model import Ref, RefKind
+
+log = logging.getLogger(__name__)
+
+REVISION_KINDS = ("branch", "tag", "snapshot")
+
+
+def revision_choice(revision: Mapping[str, str] | None) -> dict[str, str]:
+    """The one of branch, tag or snapshot asked for (default: branch ``main``); IcechunkError
+    when more than one is given."""
+    given = {k: v for k, v in (revision or {}).items() if v}
+    unknown = set(given) - set(REVISION_KINDS)
+    if unknown:
+        raise IcechunkError(f"unknown revision option {sorted(unknown)[0]!r}")
+    if len(given) > 1:
+        names = " and ".join(f"{k}=" for k in REVISION_KINDS if k in given)
+        raise IcechunkError(f"give one of branch=, tag=, snapshot= (not {names})")
+    return given or {"branch": "main"}
+
+
+def metadata_keys(snapshot: Snapshot, bad_keys: str, limits: Limits) -> tuple[KeyIndex, list[ArrayKeys]]:
+    """The snapshot's ``zarr.json`` keys as a KeyIndex, and its arrays whose chunk keys are
+    served (an array whose grid or key encoding is not is served as its ``zarr.json`` only,
+    with a warning)."""
+    builder = IndexBuilder(bad_keys, limits)
+    for node in snapshot.nodes:
+        builder.add_inline(f"{node.path}/zarr.json" if node.path else "zarr.json", node.zarr_json)
+    index = KeyIndex(builder.finish())
+    skipped = set(builder.skipped)
+    arrays = []
+    for node in snapshot.nodes:
+        key = f"{node.path}/zarr.json" if node.path else "zarr.json"
+        if node.kind != "array" or key in skipped:
+            continue
+        try:
+            keys = ChunkKeys.from_zarr_json(node.zarr_json)
+        except (UnsupportedArray, ValueError) as e:
+            log.warning("array /%s: its chunks are not served: %s", node.path, e)
+            continue
+        arrays.append(ArrayKeys(node.path, keys))
+    return index, arrays
+
+
+def _covers(prefix: str, url: str) -> bool:
+    """Whether ``url`` lies under the container ``prefix`` (on a path-segment boundary, and
+    without a ``..`` segment after it)."""
+    if is_local(prefix) != is_local(url):
+        return False
+    if is_local(url):
+        p, u = local_path(prefix), local_path(url)
+    else:
+        p, u = normal_url(prefix), normal_url(url)
+    if not p:
+        return False
+    if p.endswith("/"):
+        rest = u[len(p):] if u.startswith(p) else None
+    else:
+        rest = u[len(p) + 1:] if u.startswith(p + "/") else ("" if u == p else None)
+    return rest is not None and not climbs(rest) and ".." not in rest.split("/")
+
+
+class ChunkRefs:
+    """A snapshot's ChunkRefs made references (see the module's docstring): ``access`` says
+    why a virtual chunk's URL may not be read, and takes the version its reference recorded
+    (its pin)."""
+
+    def __init__(self, repo: Repository, access: Access | None) -> None:
+        self.repo = repo
+        self.containers = list(repo.virtual_chunk_containers())
+        self.access = access
+
+    def container(self, url: str) -> str | None:
+        covering = [p for p in self.containers if _covers(p, url)]
+        return max(covering, key=len) if covering else None
+
+    def refusal(self, url: str) -> str | None:
+        container = self.container(url)
+        if container is None:
+            return "a virtual chunk outside every virtual chunk container the repository declares"
+        reason = self.access.problem(url) if self.access is not None else "nothing authorises it"
+        if reason:
+            shown = redact_url(container)
+            return (f"virtual chunk container {shown} is not authorised ({reason}): authorise it "
+                    f"with -o targets='[{{\"prefix\": \"{shown}\"}}]'")
+        return None
+
+    def __call__(self, chunk: ChunkRef) -> Ref:
+        if chunk.kind == "inline":
+            data = chunk.data or b""
+            return Ref(RefKind.INLINE, None, 0, len(data), data)
+        if chunk.kind == "native":
+            return Ref(RefKind.RANGE, self.repo.object_url(chunk.location or ""), chunk.offset, chunk.length)
+        url = chunk.location or ""
+        reason = self.refusal(url)
+        if reason:
+            raise virtual_refusal(url, reason)
+        if self.access is not None:
+            self.access.pin(url, chunk.etag, chunk.last_modified)
+        return Ref(RefKind.RANGE, url, chunk.offset, chunk.length)
+
+
+class IcechunkFormat(Format):
+    """An Icechunk repository (format versions 1 and 2), read-only (see the module's docstring)."""
+
+    name = "icechunk"
+    revisions = REVISION_KINDS
+
+    def detect(self, source: str, target_options: Options) -> bool:
+        if is_local(source) and not os.path.isdir(local_path(source)):
+            return False  # a repository is a directory: a file is another format's
+        return Repository.detect(source, dict(target_options))
+
+    def _open(self, source: str, target_options: Options, limits: Limits) -> Repository:
+        return Repository.open(source, dict(target_options), limits)
+
+    def resolve(self, source: str, target_options: Options, revision: Mapping[str, str] | None,
+                limits: Limits = DEFAULT_LIMITS) -> str:
+        """The snapshot id that ``revision`` names now."""
+        return self._open(source, target_options, limits).resolve(**revision_choice(revision))
+
+    def prepare(self, source: str, target_options: Options, *, bad_keys: str = "error",
+                limits: Limits = DEFAULT_LIMITS, cache_dir: str | None = None,
+                revision: Mapping[str, str] | None = None) -> IndexFile:
+        choice = revision_choice(revision)
+        repo = self._open(source, target_options, limits)
+        snapshot_id = repo.resolve(**choice)
+        metadata_keys(repo.snapshot(snapshot_id), bad_keys, limits)  # the nodes parse and are paths
+        return IndexFile("", temporary=False, reused=False, kind=self.name, revision=snapshot_id)
+
+    def targets(self, index: IndexFile) -> Iterator[tuple[str, Callable[[], str]]]:
+        return iter(())  # read lazily: targets are checked at read time
+
+    def _snapshot(self, index: IndexFile, source: str, target_options: Options,
+                  limits: Limits) -> tuple[Repository, Snapshot]:
+        repo = self._open(source, target_options, limits)
+        return repo, repo.snapshot(index.revision or repo.resolve(branch="main"))
+
+    def metadata(self, index: IndexFile, source: str, target_options: Options, *,
+                 bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS) -> KeyIndex:
+        _, snapshot = self._snapshot(index, source, target_options, limits)
+        return metadata_keys(snapshot, bad_keys, limits)[0]
+
+    def open_tree(self, index: IndexFile, source: str, target_options: Options, *,
+                  bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS,
+                  relative: Callable[[str], bool] | None = None,
+                  access: Access | None = None) -> OpenedTree:
+        repo, snapshot = self._snapshot(index, source, target_options, limits)
+        metadata, arrays = metadata_keys(snapshot, bad_keys, limits)
+        refs = ChunkRefs(repo, access)
+        tree = IcechunkTree(metadata, arrays, ChunkSource(snapshot.chunk, snapshot.chunk_listing, refs))
+        info = {
+            "repository": redact_url(repo.root),
+            "format_version": str(repo.format_version),
+            "snapshot": snapshot.info.id,
+            "snapshot_time": snapshot.info.flushed_at,
+            "arrays": str(len(arrays)),
+            "virtual_containers": " ".join(redact_url(c) for c in refs.containers) or "none",
+        }
+        named = _names_of(repo, snapshot.info.id)
+        if named:
+            info["revision"] = named
+        own = None
+        if not is_local(repo.root):
+            own = (repo.object_url("chunks"), dict(target_options))
+        return OpenedTree(tree, metadata, _mtime_ns(snapshot.info.flushed_at), info, own_objects=own)
+
+    def identity(self, source: str, target_options: Options,
+                 revision: Mapping[str, str] | None = None) -> str | None:
+        return f"icechunk snapshot {self.resolve(source, target_options, revision)}"
+
+    def describe(self, source: str, target_options: Options,
+                 revision: Mapping[str, str] | None = None) -> dict[str, str]:
+        repo = self._open(source, target_options, DEFAULT_LIMITS)
+        choice = revision_choice(revision)
+        snapshot_id = repo.resolve(**choice)
+        info = repo.snapshot(snapshot_id).info
+        (kind, name), = choice.items()
+        containers = " ".join(redact_url(c) for c in repo.virtual_chunk_containers())
+        return {"repository": redact_url(repo.root), "format_version": str(repo.format_version),
+                "revision": f"{kind} {name}", "snapshot": snapshot_id,
+                "snapshot_time": info.flushed_at,
+                "message": info.message.splitlines()[0] if info.message else "",
+                "virtual_containers": containers or "none"}
+
+    def references(self, source: str, target_options: Options,
+                   quirks: dict[str, int] | None = None,
+                   revision: Mapping[str, str] | None = None,
+                   access: Access | None = None) -> Iterator[tuple[str, Ref]]:
+        repo = self._open(source, target_options, DEFAULT_LIMITS)
+        snapshot = repo.snapshot(repo.resolve(**revision_choice(revision)))
+        return snapshot_references(repo, snapshot, access)
+
+
+def snapshot_references(repo: Repository, snapshot: Snapshot,
+                        access: Access | None = None) -> Iterator[tuple[str, Ref]]:
+    """Every (key, Ref) of a snapshot, keys sorted within each array: ``zarr.json`` keys
+    inline, chunks as the repository records them (native ones as absolute URLs of its
+    objects, virtual ones as recorded; with ``access``, those it refuses left out, their
+    number logged)."""
+    to_ref = ChunkRefs(repo, None)
+    checked = ChunkRefs(repo, access) if access is not None else None
+    refused: dict[str, int] = {}
+    for node in snapshot.nodes:
+        key = f"{node.path}/zarr.json" if node.path else "zarr.json"
+        yield key, Ref(RefKind.INLINE, None, 0, len(node.zarr_json), node.zarr_json)
+        if node.kind != "array":
+            continue
+        try:
+            keys = ChunkKeys.from_zarr_json(node.zarr_json)
+        except (UnsupportedArray, ValueError):
+            continue
+        for coords, chunk in snapshot.chunks(node.path):
+            if not keys.in_grid(tuple(coords)):
+                continue
+            name = keys.key(keys.number(tuple(coords)))
+            if chunk.kind == "virtual":
+                url = chunk.location or ""
+                if checked is not None and checked.refusal(url):
+                    container = checked.container(url) or "(no container)"
+                    refused[container] = refused.get(container, 0) + 1
+                    continue
+                yield (f"{node.path}/{name}" if node.path else name,
+                       Ref(RefKind.RANGE, url, chunk.offset, chunk.length))
+            else:
+                yield f"{node.path}/{name}" if node.path else name, to_ref(chunk)
+    for container, n in sorted(refused.items()):
+        log.warning("%s virtual chunks under %s left out: %s", f"{n:,}", redact_url(container),
+                    "the container is not declared by the repository" if container == "(no container)"
+                    else "the container is not authorised (no targets rule covers it)")
+
+
+def _names_of(repo: Repository, snapshot_id: str) -> str:
+    """The branches and tags naming ``snapshot_id`` now, as ``branch main, tag v1``."""
+    try:
+        names = [f"branch {b}" for b, s in sorted(repo.branches().items()) if s == snapshot_id]
+        names += [f"tag {t}" for t, s in sorted(repo.tags().items()) if s == snapshot_id]
+    except Exception as e:  # storage that cannot list (plain HTTP), a malformed ref
+        log.info("%s: its branches and tags not listed: %s", redact_url(repo.root),
+                 redact_url(str(e).splitlines()[0] if str(e) else type(e).__name__))
+        return ""
+    return ", ".join(names)
+
+
+def _mtime_ns(flushed_at: str) -> int:
+    """The snapshot's flush time as the tree's time stamp (now when it cannot be read)."""
+    from datetime import datetime
+
+    try:
+        return int(datetime.fromisoformat(flushed_at.replace("Z", "+00:00")).timestamp() * 1e9)
+    except (ValueError, TypeError):
+        return time.time_ns()
+
