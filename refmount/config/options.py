@@ -109,7 +109,9 @@ OPTIONS: tuple[Option, ...] = (
            "each array as netCDF-C's own zarr writer shows it (char, chunks cut to the shape, "
            "scalars, typed attributes), so that readers without the codecs (ncdump, CDO, NCO, "
            "GDAL) read the arrays as the original files describe them; what netCDF-C cannot "
-           "read (variable-length strings) is left out of its side, with a warning"),
+           "read (variable-length strings) is left out of its side, with a warning; Zarr v3 "
+           "(zarr.json, sharded arrays one chunk per inner chunk) is shown as v2 "
+           "(docs/semantics.md#decoded-view)"),
     Option("max_chunk_bytes", Size(lo=4096), DECODE_MAX_CHUNK_BYTES,
            "with decode: arrays whose decoded chunk is larger are served as referenced, with a "
            "warning; no step of decoding a chunk produces more than its array declares"),
