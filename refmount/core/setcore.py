@@ -110,6 +110,8 @@ class SetCore:
         from refmount.core.consolidated import ConsolidationRefused
         from refmount.refs import RefKind
 
+        if self.view is not None and self.view.refused is not None:
+            raise ConsolidationRefused(f"its decoded metadata is past its bounds ({self.view.refused})")
         keys = self.metadata.table["key"]
         hits = None
         for name in names:

@@ -24,6 +24,7 @@ import numpy as np
 
 from refmount.config import DECODE_MAX_CHUNK_BYTES
 from refmount.decode.codecplan import DecodedArray, codec_ids, plan_array, rewrite_zarray
+from refmount.decode.metadatabound import DecodedMetadataRefused, MetadataBudget, is_view_metadata
 from refmount.decode.ncattrs import dumps_zattrs, netcdf_zattrs
 from refmount.decode.ncview import NcArray, array_dims, netcdf_array, resolve_dims
 from refmount.refs import Ref, RefKind
@@ -46,10 +47,11 @@ def _dumps(obj: Any) -> bytes:
 # ---- the view of one reference set ---------------------------------------------------------
 
 
-def _parse(data: Buffer | None) -> Any:
+def _parse(data: Buffer | None, budget: MetadataBudget) -> Any:
     """A metadata document parsed, None if not inline, too large or not JSON."""
     if data is None or len(data) > MAX_ZARRAY_BYTES:
         return None
+    budget.parse(data)
     try:
         return json.loads(bytes(data))
     except ValueError:
@@ -61,9 +63,14 @@ class IndexMetadata(Mapping[str, "Buffer | None"]):
     each pass: a value is a view into the mapped index (None: not inline), so a document is
     copied only by whoever parses it, after checking its size."""
 
-    def __init__(self, index: Any, rows: list[int]) -> None:
+    def __init__(self, index: Any, rows: list[int], budget: MetadataBudget) -> None:
         self._index = index
-        self._rows = {index.key(i).decode("utf-8", "surrogateescape"): i for i in rows}
+        budget.keys(len(rows))
+        self._rows: dict[str, int] = {}
+        for i in rows:
+            key = index.key(i).decode("utf-8", "surrogateescape")
+            budget.name(key)
+            self._rows[key] = i
 
     def __getitem__(self, key: str) -> Buffer | None:
         ref = self._index.ref(self._rows[key], view=True)
@@ -82,10 +89,13 @@ class DecodedView:
     MAX_ZARRAY_BYTES is not parsed (its array is served as referenced; its attributes as
     they are); a ``.zmetadata`` larger than MAX_ZMETADATA_BYTES is not parsed either, and the
     arrays under its directory are served as referenced, as it describes them. Only what
-    serving needs is kept: the plans and the rewritten metadata."""
+    serving needs is kept: the plans and the rewritten metadata. All of it is made within
+    ``budget`` (decode/metadatabound.py); past it, the view is ``refused``: nothing decoded,
+    and its metadata keys fail with that error."""
 
     def __init__(self, metadata: Mapping[str, Buffer | None],
-                 max_chunk_bytes: int = DECODE_MAX_CHUNK_BYTES) -> None:
+                 max_chunk_bytes: int = DECODE_MAX_CHUNK_BYTES, budget: MetadataBudget | None = None) -> None:
+        self.refused: DecodedMetadataRefused | None = None
         self.arrays: dict[str, DecodedArray] = {}
         self.skipped: dict[str, str] = {}  # array path -> why it is served as referenced
         self.plain: set[str] = set()  # arrays that need no decoding
@@ -96,6 +106,17 @@ class DecodedView:
         self._zarr: dict[str, dict[str, Any]] = {}  # .zarray key -> as zarr clients get it
         # fixed-width string arrays shown as char: their chunk names (listed with ".0" added)
         self._suffixed: dict[str, re.Pattern[str]] = {}
+        self._nc: dict[str, NcArray] = {}
+        self._dims: dict[str, Any] = {}
+        self._attr_paths: set[str] = set()
+        self._max_depth = 0
+        try:
+            self._build(metadata, max_chunk_bytes, budget if budget is not None else MetadataBudget())
+        except DecodedMetadataRefused as e:
+            self._refuse(e)
+
+    def _build(self, metadata: Mapping[str, Buffer | None], max_chunk_bytes: int,
+               budget: MetadataBudget) -> None:
         nc_shown: dict[str, NcArray] = {}  # array path -> as netCDF-C is shown it
         for key, data in metadata.items():
             if not (key == ".zarray" or key.endswith("/.zarray")):
@@ -108,6 +129,7 @@ class DecodedView:
                 self._leave_out(path, f".zarray is {len(data):,} bytes, more than the "
                                 f"{MAX_ZARRAY_BYTES:,} a .zarray is parsed up to", skip=True)
                 continue
+            budget.parse(data)
             try:
                 meta = json.loads(bytes(data))
             except ValueError:
@@ -132,14 +154,14 @@ class DecodedView:
                 if nc.strlen and n:
                     self._suffixed[path] = re.compile(r"[0-9]+" + r"\.[0-9]+" * (n - 1))
                 self._zarr[key] = zarr_side
-                self._meta[key] = _dumps({**zarr_side, "shape": nc.zarray["shape"],
-                                          "chunks": nc.zarray["chunks"], "dtype": nc.zarray["dtype"],
-                                          "fill_value": nc.zarray["fill_value"]})
+                self._meta[key] = budget.write(_dumps({
+                    **zarr_side, "shape": nc.zarray["shape"], "chunks": nc.zarray["chunks"],
+                    "dtype": nc.zarray["dtype"], "fill_value": nc.zarray["fill_value"]}))
                 nc_shown[path] = nc
             elif served is not None:
                 self._zarr[key] = served
                 if array is not None:
-                    self._meta[key] = _dumps(served)
+                    self._meta[key] = budget.write(_dumps(served))
                 self._leave_out(path, nc.why or "not a netCDF variable")
             else:
                 self._leave_out(path, nc.why or f"not decoded: {reason}")
@@ -157,7 +179,7 @@ class DecodedView:
                 if path in self.left_out:
                     self.hidden.add(key)
                 else:
-                    attrs[path] = _parse(data)
+                    attrs[path] = _parse(data, budget)
         self._dims = resolve_dims({p: (array_dims(attrs.get(p), nc), nc.shape or [])
                                    for p, nc in nc_shown.items()})
         for path, parsed in attrs.items():
@@ -168,15 +190,28 @@ class DecodedView:
             rendered = netcdf_zattrs(None if nc_array is None else nc_array.zarray, parsed,
                                      self._dims.get(path))
             if rendered is not None:
-                self._meta[key] = dumps_zattrs(rendered)
+                self._meta[key] = budget.write(dumps_zattrs(rendered))
         self._nc = nc_shown
         self._attr_paths = set(attrs)
         for key, data in metadata.items():
             if (key == ".zmetadata" or key.endswith("/.zmetadata")) and key not in too_big:
-                rewritten = self._zmetadata(key, None if data is None else bytes(data))
+                rewritten = self._zmetadata(key, None if data is None else bytes(data), budget)
                 if rewritten is not None:
-                    self._meta[key] = rewritten
+                    self._meta[key] = budget.write(rewritten)
         self._max_depth = max((p.count("/") + 1 for p in self.arrays), default=0)
+
+    def _refuse(self, e: DecodedMetadataRefused) -> None:
+        """Past the budget: nothing decoded, nothing rewritten kept; ``warn`` logs why."""
+        self.refused = e
+        e.logged = True  # once, by warn(), not by each read it fails
+        self.arrays, self.skipped, self.plain, self.codecs = {}, {}, set(), {}
+        self.left_out, self.hidden, self._meta, self._zarr, self._suffixed = {}, set(), {}, {}, {}
+        self._nc, self._dims, self._attr_paths, self._max_depth = {}, {}, set(), 0
+
+    def check(self, key: str) -> None:
+        """``DecodedMetadataRefused`` for a metadata key of a refused view."""
+        if self.refused is not None and is_view_metadata(key):
+            raise self.refused.with_traceback(None)
 
     def _leave_out(self, path: str, why: str, skip: bool = False) -> None:
         """An array netCDF clients are not shown (its ``.zarray`` and ``.zattrs`` unlisted)."""
@@ -196,9 +231,10 @@ class DecodedView:
             self._leave_out(path, f"{base}.zmetadata is {size:,} bytes, more than the "
                             f"{MAX_ZMETADATA_BYTES:,} consolidated metadata is parsed up to", skip=True)
 
-    def _zmetadata(self, key: str, data: bytes | None) -> bytes | None:
+    def _zmetadata(self, key: str, data: bytes | None, budget: MetadataBudget) -> bytes | None:
         if data is None:
             return None
+        budget.parse(data)
         try:
             obj = json.loads(data)
         except ValueError:
@@ -243,7 +279,14 @@ class DecodedView:
         hits = pc.or_(pc.or_(pc.ends_with(keys, pattern=".zarray"), pc.ends_with(keys, pattern=".zattrs")),
                       pc.ends_with(keys, pattern=".zmetadata"))
         rows = np.flatnonzero(hits.to_numpy(zero_copy_only=False)).tolist()
-        return cls(IndexMetadata(index, rows), max_chunk_bytes)
+        budget = MetadataBudget()
+        try:
+            metadata = IndexMetadata(index, rows, budget)
+        except DecodedMetadataRefused as e:
+            view = cls({}, max_chunk_bytes)
+            view._refuse(e)
+            return view
+        return cls(metadata, max_chunk_bytes, budget)
 
     # ---- what a key is --------------------------------------------------------------------
     def array_of(self, key: str) -> DecodedArray | None:
@@ -330,6 +373,8 @@ class DecodedView:
 
     def describe(self) -> dict[str, str]:
         """For the root's xattrs."""
+        if self.refused is not None:
+            return {"decoded_arrays": "0", "decoded_metadata": f"refused: {self.refused}"}
         return {
             "decoded_arrays": str(len(self.arrays)),
             "not_decoded": json.dumps(dict(sorted(self.skipped.items())), sort_keys=True),
@@ -348,7 +393,11 @@ class DecodedView:
 
     def warn(self) -> None:
         """One warning per array served as referenced although decoding was asked for, and one
-        line naming the arrays left out of the netCDF side."""
+        line naming the arrays left out of the netCDF side; or the one line of a refused view."""
+        if self.refused is not None:
+            log.error("decode: no decoded metadata for this set (its .zarray, .zattrs and .zmetadata "
+                      "keys give EIO, 503 over HTTP; its chunks are served as referenced): %s", self.refused)
+            return
         for path, why in sorted(self.skipped.items()):
             log.warning("decode: array %s is served as referenced (not decoded): %s", path, why)
         line = self.left_out_line()
@@ -412,7 +461,9 @@ class DecodedTree:
 
     async def ref(self, node: Any) -> Ref:
         ref = await self.inner.ref(node)
-        meta = self.view.metadata(self._str(self.inner.path(node)))
+        key = self._str(self.inner.path(node))
+        self.view.check(key)
+        meta = self.view.metadata(key)
         if meta is not None:
             return Ref(RefKind.INLINE, None, 0, len(meta), meta)
         return ref
