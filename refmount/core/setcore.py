@@ -44,6 +44,7 @@ from refmount.decode.codecworker import CodecWorkers
 from refmount.decode.decoder import ChunkDecoder
 from refmount.decode.view import DecodedTree, DecodedView
 from refmount.refs import IndexFile, Ref, format_named
+from refmount.refs.chunktree import ChunkTree
 from refmount.refs.index import KeyIndex
 from refmount.refs.limits import Limits
 from refmount.refs.tree import KeyTree, Tree
@@ -85,6 +86,13 @@ class SetCore:
         without I/O (``find``, ``ref_now``, ``size_now``): a set's own ``KeyTree``, not seen
         through the decoded view; None for a tree that may load (Parquet) or decode."""
         return self.tree if isinstance(self.tree, KeyTree) else None
+
+    @property
+    def records_bound(self) -> int:
+        """The bytes of decoded Parquet record files the set may keep (its record cache's
+        bound; 0 for a set that has none)."""
+        tree = self.tree.inner if isinstance(self.tree, DecodedTree) else self.tree
+        return tree.records.max_bytes if isinstance(tree, ChunkTree) else 0
 
     def array(self, node: Any) -> DecodedArray | None:
         """The decoded array whose chunk ``node`` is (None: served as referenced)."""
