@@ -32,12 +32,13 @@ import logging
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
 from refmount.base.errors import ConfigError, FetchError
 from refmount.base.lru import LRU
 from refmount.base.redact import redact_url
+from refmount.targets.pintable import PinTable, PinTableBuilder
 from refmount.targets.versions import _FIELDS, Version
 from refmount.targets.versions import (
     VersionChanged as VersionChanged,  # re-exported: where pins are, for the fetcher
@@ -47,7 +48,8 @@ log = logging.getLogger(__name__)
 
 PIN_FORMAT = "refmount-pins-1"
 # A pin file larger than this is refused (max_inline's default: some 600,000 targets of
-# 100-byte URLs), before it is read; it is parsed as it streams, so memory is the pins.
+# 100-byte URLs), before it is read; it is parsed as it streams into a PinTable, so memory
+# is the pins, held compactly (at most about the file's size).
 MAX_PIN_FILE = 64 << 20
 _DEPTH = 3  # {"targets": {URL: {field: value}}}
 _FIELD_SET = frozenset(_FIELDS)
@@ -104,12 +106,13 @@ class _Bounded(io.RawIOBase):
         return data
 
 
-def _parse_stream(open_stream: Callable[[], IO[bytes]], where: str) -> dict[str, Version]:
+def _parse_stream(open_stream: Callable[[], IO[bytes]], where: str) -> PinTable:
     """The pins of a pin file read as a stream, twice (``open_stream`` opens it): its top
     level up to the start of "targets" (ijson events; "format" comes first in what
     ``write_pins`` writes), then each target's pin built by ijson alone (``kvitems``); the
     nesting is checked before the parser sees a byte (``JsonReader``). Memory is the pins,
-    never the text or a parse of it whole."""
+    held compactly (``PinTable``: at most about the file's size), never the text or a parse
+    of it whole."""
     import ijson
 
     from refmount.refs.limits import JsonReader, Limits
@@ -138,14 +141,17 @@ def _parse_stream(open_stream: Callable[[], IO[bytes]], where: str) -> dict[str,
             raise _not_pin_file(where)
         if targets != "start_map":
             raise ConfigError(f"pins: {where}: \"targets\" must be an object of target URL -> pin")
-        pins: dict[str, Version] = {}
+        pins = PinTableBuilder()
         with open_stream() as f:
             for url, entry in ijson.kvitems(JsonReader(f, where, limits), "targets", use_float=True):
                 if not isinstance(entry, dict):
                     raise ConfigError(f"pins: {where}: the pin of {redact_url(url)!r} must be an "
                                       f"object with the fields {', '.join(_FIELDS)}")
-                pins[url] = _version(url, entry, where)
-        return pins
+                try:
+                    pins.add(url, _version(url, entry, where))
+                except ValueError as e:
+                    raise ConfigError(f"pins: {where}: the pin of {redact_url(url)!r}: {e}") from None
+        return pins.build()
     except ConfigError:
         raise
     except ijson.JSONError as e:
@@ -159,13 +165,13 @@ def _parse_stream(open_stream: Callable[[], IO[bytes]], where: str) -> dict[str,
         raise _pin_error(where, type(e).__name__) from None
 
 
-def parse_pins(text: str | bytes, where: str) -> dict[str, Version]:
+def parse_pins(text: str | bytes, where: str) -> PinTable:
     """The pins of a pin file's text; ConfigError naming ``where`` and the problem."""
     data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     return _parse_stream(lambda: io.BytesIO(data), where)
 
 
-def read_pins(path: str) -> dict[str, Version]:
+def read_pins(path: str) -> PinTable:
     """The pins in the file ``path``, parsed as it is read; ConfigError (one line) if it is
     not a regular file, is larger than MAX_PIN_FILE or cannot be read or parsed."""
     try:
@@ -223,7 +229,7 @@ class Pins:
 
     MAX_CHANGED = 100_000  # changed targets remembered at once
 
-    def __init__(self, pins: dict[str, Version], where: str = "", stats: Any = None) -> None:
+    def __init__(self, pins: Mapping[str, Version], where: str = "", stats: Any = None) -> None:
         self._pins = pins
         self.where = where
         self._changed: LRU[str, str] = LRU(self.MAX_CHANGED)
