@@ -37,7 +37,10 @@ from refmount.targets.pins import MAX_PIN_FILE, PIN_FORMAT
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(900)]
 
-BOUND_CPU = 30.0  # CPU seconds of the CLI and of what serves, for one run
+# CPU seconds of the CLI and of what serves, for one run. A pin file at its bound is parsed
+# three times in all (the CLI checks it, then the set's targets against it; the daemon loads it):
+# some 8 CPU s each on a quiet machine, 24 in all measured at a load of 15.
+BOUND_CPU = 45.0
 BOUND_RSS = 1 << 30  # peak RSS of what serves
 MiB = 1 << 20
 TARGET = bytes(range(256)) * 16
