@@ -27,11 +27,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support.bombs import json_values, list_of_values, metadata_with_values
+from support.bombs import json_values, list_of_values, metadata_of_bytes, metadata_with_values
 from support.mounts import CLI, REPO, cli_env, daemon_procs, fusermount_u, is_mounted, wait_gone
 from support.serving import Reply, Served
 
 from refmount.core.consolidated import MAX_VALUES as ZMETADATA_VALUES
+from refmount.decode.metadatabound import MAX_BYTES as DECODED_BYTES
 from refmount.decode.metadatabound import MAX_VALUES as DECODED_VALUES
 from refmount.targets.pins import MAX_PIN_FILE, PIN_FORMAT
 
@@ -153,6 +154,16 @@ def edges(d: Path) -> list[Edge]:
                     "a0/.zattrs"))
     out.append(Edge("decoded-values-over", d / "decoded-values-over" / "refs.json", ("decode",),
                     "a0/.zattrs", status=503, mount_eio=True))
+    # decoded metadata (-o decode): exactly 64 MiB read (or kept rewritten), then one byte more;
+    # a gzip set of 64 .zattrs of a 1 MB string
+    for side, total in (("under", DECODED_BYTES), ("over", DECODED_BYTES + 1)):
+        keys = metadata_of_bytes(total)
+        refs = {k: v.decode() for k, v in keys.items()}
+        refs_set(d / f"decoded-bytes-{side}" / "refs.json.gz", {**refs, "c": chunk}, gz=True)
+    out.append(Edge("decoded-bytes-under", d / "decoded-bytes-under" / "refs.json.gz", ("decode",),
+                    "a000/.zattrs"))
+    out.append(Edge("decoded-bytes-over", d / "decoded-bytes-over" / "refs.json.gz", ("decode",),
+                    "a000/.zattrs", status=503, mount_eio=True))
     # the synthesized .zmetadata (refmount serve): 2^20 JSON values, then one more (503)
     group = b'{"zarr_format":2}'
     for side, total in (("under", ZMETADATA_VALUES), ("over", ZMETADATA_VALUES + 1)):

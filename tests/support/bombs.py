@@ -119,3 +119,35 @@ def metadata_with_values(total: int, per_doc: int = 500_000) -> dict[str, bytes]
         i += 1
         if left == 0:
             return keys
+
+
+def metadata_of_bytes(total: int, per_doc: int = 1_000_000) -> dict[str, bytes]:
+    """Decoded arrays whose metadata, as the decoded view counts it (decode/metadatabound.py:
+    keys' names and documents read, rewritten documents kept), comes to exactly ``total`` bytes
+    on the side that reaches it first: ``.zattrs`` of one long string each (few JSON values),
+    the last one's string sized from a first count."""
+    from refmount.decode.metadatabound import MetadataBudget
+    from refmount.decode.view import DecodedView
+
+    zarray = zarray_doc()
+
+    def make(last: int) -> dict[str, bytes]:
+        keys: dict[str, bytes] = {}
+        n = total // per_doc
+        for i in range(n + 1):
+            keys[f"a{i:03d}/.zarray"] = zarray
+            keys[f"a{i:03d}/.zattrs"] = json.dumps({"note": "x" * (per_doc if i < n else last)}).encode()
+        return keys
+
+    def counted(keys: dict[str, bytes]) -> int:
+        budget = MetadataBudget(max_bytes=1 << 40, max_values=1 << 40)
+        for key in keys:
+            budget.name(key)
+        view = DecodedView(keys, budget=budget)
+        assert view.refused is None
+        return max(budget.read, budget.written)
+
+    first = 1000
+    last = first + total - counted(make(first))  # each character of the string: one byte more,
+    assert 0 <= last <= per_doc  # read and written alike (ASCII, no escapes)
+    return make(last)
