@@ -20,21 +20,25 @@ from fsspec.registry import available_protocols
 
 LOCAL_PROTOCOLS = frozenset({"file", "local"})
 _WORD = re.compile("[a-z]+")
+# The host of a URL written as an IPv6 literal (``http://[::1]:8080/``, user information
+# allowed before it): its colons separate no links of a chain.
+_IPV6_HOST = re.compile(r"(://(?:[^/?#\[\]@]*@)?)\[[0-9A-Za-z:.%_~-]*\]")
 _ESCAPE = re.compile("%([0-9A-Fa-f]{2})")
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 DEFAULT_PORTS = {"http": "80", "https": "443", "ws": "80", "wss": "443", "ftp": "21"}
 
 
 def is_chained(url: str) -> bool:
-    """Whether ``url`` chains file systems (``a::b``)."""
-    return "::" in url
+    """Whether ``url`` chains file systems (``a::b``): a ``::`` anywhere but in the brackets
+    of an IPv6 host (``http://[::1]/a`` is one link, ``simplecache::http://[::1]/a`` two)."""
+    return "::" in url and "::" in _IPV6_HOST.sub(r"\1[]", url)
 
 
 def protocol(url: str) -> str:
     """The protocol of the first link of ``url``; ``"file"`` for a plain path. In a chain, a
     link that is a known protocol or lowercase letters only is a protocol name
     (``simplecache::...``), as fsspec reads it (``fsspec.core._un_chain``)."""
-    head = url.split("::", 1)[0]
+    head = url.split("::", 1)[0] if is_chained(url) else url
     proto, sep, _ = head.partition("://")
     if sep:
         return proto

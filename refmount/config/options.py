@@ -183,8 +183,9 @@ OPTIONS: tuple[Option, ...] = (
            "with catalog: most sets open at once (the least recently used is closed)"),
     Option("max_open_memory", Size(), 1 << 30,
            "with catalog: most bytes the open sets may hold at once, those in use included (each "
-           "its index and its memory cache); a set that would pass it is not opened (EIO, HTTP "
-           "503) until others close"),
+           "its index, its memory cache and a Parquet set's 256M of decoded records); a set that "
+           "would pass it is not opened (EIO, HTTP 503) until others close, a reload that would "
+           "keeps the old version"),
     Option("max_sets", Int(1, 10_000_000), 100_000,
            "with catalog: most sets a catalogue may name"),
     Option("reload", Seconds(zero=True), 0.0,

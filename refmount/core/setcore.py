@@ -41,10 +41,12 @@ from refmount.config import MountConfig
 from refmount.core.reader import RefReader
 from refmount.decode.codecplan import DecodedArray
 from refmount.decode.codecworker import CodecWorkers
+from refmount.decode.decodedtree import DecodedTree
 from refmount.decode.decoder import ChunkDecoder
 from refmount.decode.sharding import ShardIndexes
-from refmount.decode.view import DecodedTree, DecodedView
+from refmount.decode.view import DecodedView
 from refmount.refs import IndexFile, Ref, format_named
+from refmount.refs.chunktree import ChunkTree
 from refmount.refs.index import KeyIndex
 from refmount.refs.limits import Limits
 from refmount.refs.tree import KeyTree, Tree
@@ -88,6 +90,13 @@ class SetCore:
         through the decoded view; None for a tree that may load (Parquet) or decode."""
         return self.tree if isinstance(self.tree, KeyTree) else None
 
+    @property
+    def records_bound(self) -> int:
+        """The bytes of decoded Parquet record files the set may keep (its record cache's
+        bound; 0 for a set that has none)."""
+        tree = self.tree.inner if isinstance(self.tree, DecodedTree) else self.tree
+        return tree.records.max_bytes if isinstance(tree, ChunkTree) else 0
+
     def array(self, node: Any) -> DecodedArray | None:
         """The decoded array whose chunk ``node`` is (None: served as referenced)."""
         if isinstance(self.tree, DecodedTree):
@@ -112,6 +121,8 @@ class SetCore:
         from refmount.core.consolidated import ConsolidationRefused
         from refmount.refs import RefKind
 
+        if self.view is not None and self.view.refused is not None:
+            raise ConsolidationRefused(f"its decoded metadata is past its bounds ({self.view.refused})")
         keys = self.metadata.table["key"]
         hits = None
         for name in names:

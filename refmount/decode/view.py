@@ -9,7 +9,7 @@ netCDF client needs (``ncattrs``: a typed ``_FillValue`` from ``fill_value``, ev
 typed, one length per dimension name). Arrays netCDF-C cannot read are left out of the
 netCDF side (``left_out``: their ``.zarray`` and ``.zattrs`` are ``hidden``). Inside
 ``.zmetadata``, zarr's side: decoded, with zarr's own dtype. Everything else is untouched.
-``DecodedTree``: a tree (``KeyTree``/``ChunkTree``) as served through the view.
+The tree seen through the view is ``DecodedTree`` (decode/decodedtree.py).
 """
 
 from __future__ import annotations
@@ -17,19 +17,19 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from refmount.config import DECODE_MAX_CHUNK_BYTES
 from refmount.decode.codecplan import DecodedArray, codec_ids, plan_array, rewrite_zarray
+from refmount.decode.metadatabound import DecodedMetadataRefused, MetadataBudget, is_view_metadata
 from refmount.decode.ncattrs import ARRAY_DIMENSIONS, dumps_zattrs, netcdf_zattrs
 from refmount.decode.ncview import NcArray, array_dims, netcdf_array, resolve_dims
-from refmount.decode.v3tree import V3Tree, is_synthesized
 from refmount.decode.v3view import MergedMetadata, V3Layout, set_cut
 from refmount.decode.zarrv3 import ZARR_JSON
-from refmount.refs import Ref, RefKind
+from refmount.refs import RefKind
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +49,11 @@ def _dumps(obj: Any) -> bytes:
 # ---- the view of one reference set ---------------------------------------------------------
 
 
-def _parse(data: Buffer | None) -> Any:
+def _parse(data: Buffer | None, budget: MetadataBudget) -> Any:
     """A metadata document parsed, None if not inline, too large or not JSON."""
     if data is None or len(data) > MAX_ZARRAY_BYTES:
         return None
+    budget.parse(data)
     try:
         return json.loads(bytes(data))
     except ValueError:
@@ -64,9 +65,14 @@ class IndexMetadata(Mapping[str, "Buffer | None"]):
     each pass: a value is a view into the mapped index (None: not inline), so a document is
     copied only by whoever parses it, after checking its size."""
 
-    def __init__(self, index: Any, rows: list[int]) -> None:
+    def __init__(self, index: Any, rows: list[int], budget: MetadataBudget) -> None:
         self._index = index
-        self._rows = {index.key(i).decode("utf-8", "surrogateescape"): i for i in rows}
+        budget.keys(len(rows))
+        self._rows: dict[str, int] = {}
+        for i in rows:
+            key = index.key(i).decode("utf-8", "surrogateescape")
+            budget.name(key)
+            self._rows[key] = i
 
     def __getitem__(self, key: str) -> Buffer | None:
         ref = self._index.ref(self._rows[key], view=True)
@@ -85,10 +91,13 @@ class DecodedView:
     MAX_ZARRAY_BYTES is not parsed (its array is served as referenced; its attributes as
     they are); a ``.zmetadata`` larger than MAX_ZMETADATA_BYTES is not parsed either, and the
     arrays under its directory are served as referenced, as it describes them. Only what
-    serving needs is kept: the plans and the rewritten metadata."""
+    serving needs is kept: the plans and the rewritten metadata. All of it is made within
+    ``budget`` (decode/metadatabound.py); past it, the view is ``refused``: nothing decoded,
+    and its metadata keys fail with that error."""
 
     def __init__(self, metadata: Mapping[str, Buffer | None],
-                 max_chunk_bytes: int = DECODE_MAX_CHUNK_BYTES) -> None:
+                 max_chunk_bytes: int = DECODE_MAX_CHUNK_BYTES, budget: MetadataBudget | None = None) -> None:
+        self.refused: DecodedMetadataRefused | None = None
         self.arrays: dict[str, DecodedArray] = {}
         self.skipped: dict[str, str] = {}  # array path -> why it is served as referenced
         self.plain: set[str] = set()  # arrays that need no decoding
@@ -100,6 +109,17 @@ class DecodedView:
         self._zarr: dict[str, dict[str, Any]] = {}  # .zarray key -> as zarr clients get it
         # fixed-width string arrays shown as char: their chunk names (listed with ".0" added)
         self._suffixed: dict[str, re.Pattern[str]] = {}
+        self._nc: dict[str, NcArray] = {}
+        self._dims: dict[str, Any] = {}
+        self._attr_paths: set[str] = set()
+        self._max_depth = 0
+        try:
+            self._build(metadata, max_chunk_bytes, budget if budget is not None else MetadataBudget())
+        except DecodedMetadataRefused as e:
+            self._refuse(e)
+
+    def _build(self, metadata: Mapping[str, Buffer | None], max_chunk_bytes: int,
+               budget: MetadataBudget) -> None:
         nc_shown: dict[str, NcArray] = {}  # array path -> as netCDF-C is shown it
         # Zarr v3: each zarr.json shown as v2 documents (decode/v3view.py)
         self.v3 = V3Layout(metadata, max_chunk_bytes)
@@ -120,6 +140,7 @@ class DecodedView:
                 self._leave_out(path, f".zarray is {len(data):,} bytes, more than the "
                                 f"{MAX_ZARRAY_BYTES:,} a .zarray is parsed up to", skip=True)
                 continue
+            budget.parse(data)
             try:
                 meta = json.loads(bytes(data))
             except ValueError:
@@ -150,14 +171,14 @@ class DecodedView:
                 if nc.strlen and n:
                     self._suffixed[path] = re.compile(r"[0-9]+" + r"\.[0-9]+" * (n - 1))
                 self._zarr[key] = zarr_side
-                self._meta[key] = _dumps({**zarr_side, "shape": nc.zarray["shape"],
-                                          "chunks": nc.zarray["chunks"], "dtype": nc.zarray["dtype"],
-                                          "fill_value": nc.zarray["fill_value"]})
+                self._meta[key] = budget.write(_dumps({
+                    **zarr_side, "shape": nc.zarray["shape"], "chunks": nc.zarray["chunks"],
+                    "dtype": nc.zarray["dtype"], "fill_value": nc.zarray["fill_value"]}))
                 nc_shown[path] = nc
             elif served is not None:
                 self._zarr[key] = served
                 if array is not None:
-                    self._meta[key] = _dumps(served)
+                    self._meta[key] = budget.write(_dumps(served))
                 self._leave_out(path, nc.why or "not a netCDF variable")
             else:
                 self._leave_out(path, nc.why or f"not decoded: {reason}")
@@ -175,7 +196,7 @@ class DecodedView:
                 if path in self.left_out:
                     self.hidden.add(key)
                 else:
-                    attrs[path] = _parse(data)
+                    attrs[path] = _parse(data, budget)
         self._dims = resolve_dims({p: (array_dims(attrs.get(p), nc), nc.shape or [])
                                    for p, nc in nc_shown.items()})
         for path, parsed in attrs.items():
@@ -186,15 +207,29 @@ class DecodedView:
             rendered = netcdf_zattrs(None if nc_array is None else nc_array.zarray, parsed,
                                      self._dims.get(path))
             if rendered is not None:
-                self._meta[key] = dumps_zattrs(rendered)
+                self._meta[key] = budget.write(dumps_zattrs(rendered))
         self._nc = nc_shown
         self._attr_paths = set(attrs)
         for key, data in metadata.items():
             if (key == ".zmetadata" or key.endswith("/.zmetadata")) and key not in too_big:
-                rewritten = self._zmetadata(key, None if data is None else bytes(data))
+                rewritten = self._zmetadata(key, None if data is None else bytes(data), budget)
                 if rewritten is not None:
-                    self._meta[key] = rewritten
+                    self._meta[key] = budget.write(rewritten)
         self._max_depth = max((p.count("/") + 1 for p in self.arrays), default=0)
+
+    def _refuse(self, e: DecodedMetadataRefused) -> None:
+        """Past the budget: nothing decoded, nothing rewritten kept; ``warn`` logs why."""
+        self.refused = e
+        e.logged = True  # once, by warn(), not by each read it fails
+        self.arrays, self.skipped, self.plain, self.codecs = {}, {}, set(), {}
+        self.left_out, self.hidden, self._meta, self._zarr, self._suffixed = {}, set(), {}, {}, {}
+        self._nc, self._dims, self._attr_paths, self._max_depth = {}, {}, set(), 0
+        self.v3 = V3Layout({}, DECODE_MAX_CHUNK_BYTES)  # no v3 node shown either
+
+    def check(self, key: str) -> None:
+        """``DecodedMetadataRefused`` for a metadata key of a refused view."""
+        if self.refused is not None and is_view_metadata(key):
+            raise self.refused.with_traceback(None)
 
     def _leave_out(self, path: str, why: str, skip: bool = False) -> None:
         """An array netCDF clients are not shown (its ``.zarray`` and ``.zattrs`` unlisted)."""
@@ -214,9 +249,10 @@ class DecodedView:
             self._leave_out(path, f"{base}.zmetadata is {size:,} bytes, more than the "
                             f"{MAX_ZMETADATA_BYTES:,} consolidated metadata is parsed up to", skip=True)
 
-    def _zmetadata(self, key: str, data: bytes | None) -> bytes | None:
+    def _zmetadata(self, key: str, data: bytes | None, budget: MetadataBudget) -> bytes | None:
         if data is None:
             return None
+        budget.parse(data)
         try:
             obj = json.loads(data)
         except ValueError:
@@ -264,7 +300,14 @@ class DecodedView:
                       pc.or_(pc.ends_with(keys, pattern=".zmetadata"), pc.ends_with(keys, pattern=ZARR_JSON)))
         rows = np.flatnonzero(hits.to_numpy(zero_copy_only=False))
         sampled = first is not None and len(rows) > first
-        view = cls(IndexMetadata(index, rows[:first].tolist()), max_chunk_bytes)
+        budget = MetadataBudget()
+        try:
+            metadata = IndexMetadata(index, rows[:first].tolist(), budget)
+        except DecodedMetadataRefused as e:
+            view = cls({}, max_chunk_bytes)
+            view._refuse(e)
+        else:
+            view = cls(metadata, max_chunk_bytes, budget)
         view.sampled = sampled
         return view
 
@@ -359,6 +402,8 @@ class DecodedView:
 
     def describe(self) -> dict[str, str]:
         """For the root's xattrs."""
+        if self.refused is not None:
+            return {"decoded_arrays": "0", "decoded_metadata": f"refused: {self.refused}"}
         return {
             "decoded_arrays": str(len(self.arrays)),
             "not_decoded": json.dumps(dict(sorted(self.skipped.items())), sort_keys=True),
@@ -377,7 +422,11 @@ class DecodedView:
 
     def warn(self) -> None:
         """One warning per array served as referenced although decoding was asked for, and one
-        line naming the arrays left out of the netCDF side."""
+        line naming the arrays left out of the netCDF side; or the one line of a refused view."""
+        if self.refused is not None:
+            log.error("decode: no decoded metadata for this set (its .zarray, .zattrs and .zmetadata "
+                      "keys give EIO, 503 over HTTP; its chunks are served as referenced): %s", self.refused)
+            return
         for path, why in sorted(self.skipped.items()):
             log.warning("decode: array %s is served as referenced (not decoded): %s", path, why)
         line = self.left_out_line()
@@ -386,115 +435,3 @@ class DecodedView:
 
 
 # ---- the tree as served through the view ---------------------------------------------------
-
-
-class DecodedTree:
-    """A ``KeyTree`` or ``ChunkTree`` whose sizes and metadata are those of the view."""
-
-    def __init__(self, inner: Any, view: DecodedView) -> None:
-        self.inner = inner
-        self.view = view
-        self.root = inner.root
-        self.v3 = V3Tree(inner, view) if view.v3 else None  # Zarr v3 nodes shown as v2
-
-    def node(self, ino: int) -> Any:
-        if self.v3 is not None and is_synthesized(ino):
-            return self.v3.node(ino)
-        return self.inner.node(ino)
-
-    def path(self, node: Any) -> bytes:
-        if self.v3 is not None and is_synthesized(node.ino):
-            return self.v3.path(node)
-        return self.inner.path(node)
-
-    def parent(self, node: Any) -> Any:
-        if self.v3 is not None and is_synthesized(node.ino):
-            return self.v3.parent(node)
-        return self.inner.parent(node)
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    async def lookup(self, parent: Any, name: bytes) -> Any:
-        if self.v3 is not None:
-            path = self._str(self.inner.path(parent))
-            if self.v3.handles(path):
-                answered, node = await self.v3.lookup(parent, path, name)
-                if answered:
-                    return node
-        if name[:1] == b"." and self.view.hidden:
-            parent_path = self.inner.path(parent)
-            key = (parent_path + b"/" + name) if parent_path else name
-            if self.view.is_hidden(self._str(key)):
-                return None
-        if name.endswith(b".0") and self.view.has_suffixed:
-            names = self.view.suffixed(self._str(self.inner.path(parent)))
-            if names is not None and names.fullmatch(self._str(name[:-2])):
-                return await self.inner.lookup(parent, name[:-2])
-        return await self.inner.lookup(parent, name)
-
-    @staticmethod
-    def _str(path: bytes) -> str:
-        return path.decode("utf-8", "surrogateescape")
-
-    async def entries(self, parent: Any, start: int = 0) -> AsyncIterator[tuple]:
-        dir_path = self._str(self.inner.path(parent))
-        if self.v3 is not None and self.v3.handles(dir_path):
-            async for entry in self.v3.entries(parent, dir_path, start):
-                yield entry
-            return
-        sizer = self.view.entry_sizer(dir_path)
-        prefix = dir_path + "/" if dir_path else ""
-        hidden = self.view.hidden
-        suffixed = self.view.suffixed(dir_path)
-        async for name, ino, is_dir, nxt, size in self.inner.entries(parent, start):
-            if hidden and name[:1] == b"." and prefix + self._str(name) in hidden:
-                continue
-            if not is_dir:
-                size = sizer(self._str(name), size)
-                if suffixed is not None and suffixed.fullmatch(self._str(name)):
-                    name += b".0"
-            yield name, ino, is_dir, nxt, size
-
-    async def ref(self, node: Any) -> Ref:
-        if self.v3 is not None and is_synthesized(node.ino):
-            return await self.v3.ref(node)
-        ref = await self.inner.ref(node)
-        meta = self.view.metadata(self._str(self.inner.path(node)))
-        if meta is not None:
-            return Ref(RefKind.INLINE, None, 0, len(meta), meta)
-        return ref
-
-    async def size(self, node: Any) -> int:
-        if self.v3 is not None and is_synthesized(node.ino):
-            return self.v3.size(node)
-        key = self._str(self.inner.path(node))
-        meta = self.view.metadata(key)
-        if meta is not None:
-            return len(meta)
-        array = self.view.array_of(key)
-        if array is not None:
-            return array.nbytes
-        return await self.inner.size(node)
-
-    def array(self, node: Any) -> DecodedArray | None:
-        """The decoded array whose chunk ``node`` is (None: served as referenced)."""
-        if node.is_dir:
-            return None
-        if self.v3 is not None and is_synthesized(node.ino):
-            return self.v3.array(node)
-        return self.view.array_of(self._str(self.inner.path(node)))
-
-    async def resolve(self, key: str) -> tuple[Any, Ref] | None:
-        """Node and stored reference of ``key`` (for decoding ahead), None if absent."""
-        node = self.root
-        for part in key.encode("utf-8", "surrogateescape").split(b"/"):
-            node = await self.lookup(node, part)
-            if node is None:
-                return None
-        if node.is_dir:
-            return None
-        try:
-            return node, await self.ref(node)
-        except FileNotFoundError:
-            return None

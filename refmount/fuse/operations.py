@@ -104,7 +104,7 @@ class RefFS(pyfuse3.Operations):
     ) -> None:
         super().__init__()
         from refmount.core.reader import ReadState
-        from refmount.decode.view import DecodedTree
+        from refmount.decode.decodedtree import DecodedTree
 
         self._read_state = ReadState
         # a decoded view's chunks are opened as arrays (-o decode), other trees have none

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 __all__ = ["STATS_PATH", "HttpFrontEnd", "ServerStats"]
 
 LISTING_BATCH = 1024  # directory entries taken from the tree at a time
+LISTING_THREADS = 4  # pieces of listings made at once (each in a worker thread)
 WRITE_PIECE = 1 << 18  # bytes handed to the transport at a time (a slow client holds ~this)
 CONDITION_HEADERS = ("Range", "If-Range", "If-None-Match", "If-Modified-Since")
 STATS_PATH = "/.refmount/stats"  # the server's counters (JSON); never a key of the set
@@ -134,7 +135,7 @@ class HttpFrontEnd(PathPlanner):
         self._zmetadata_lock = trio.Lock()  # made once, whatever the requests asking at once
         # every file's time stamp
         self._mtime = core.mtime_ns / 1e9 if core is not None else time.time()
-        self._listing_threads = trio.CapacityLimiter(4)  # pieces of listings made at once
+        self._listing_threads = trio.CapacityLimiter(LISTING_THREADS)  # pieces of listings made at once
         self._last_modified = last_modified(self._mtime)
         self._server = web_server.Server(
             self.handle, handler_cancellation=True, access_log=None,

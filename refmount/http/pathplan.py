@@ -28,6 +28,7 @@ from refmount.core.consolidated import (
 from refmount.core.reader import ReadState
 from refmount.core.setcore import SetCore
 from refmount.decode.codecplan import DecodedArray
+from refmount.decode.metadatabound import DecodedMetadataRefused
 from refmount.http.ranges import (
     RangeNotSatisfiable,
     content_range,
@@ -153,7 +154,10 @@ class PathPlanner:
             return Found(key, node, True)
         if parts[-1] == b"":
             return None  # a file named as a directory
-        ref = await tree.ref(node)
+        try:
+            ref = await tree.ref(node)
+        except DecodedMetadataRefused:
+            raise Unavailable from None  # logged once, when the decoded view was made
         size = await tree.size(node)
         array = self.core.array(node)
         if array is None and size < 0:  # a whole-file target not yet measured: its size (no bytes fetched)

@@ -39,6 +39,7 @@ from typing import Any
 import trio
 
 from refmount.base.redact import redact_url
+from refmount.refs.limits import size_text
 from refmount.sets.setslots import Opened, SetEvents, SetSlot, SetUnavailable, SetVersion
 
 log = logging.getLogger(__name__)
@@ -304,20 +305,24 @@ class Sets:
         """Bytes the versions not yet closed hold (current ones, and replaced ones still read)."""
         return sum(v.size for v in self._versions.values())
 
-    async def _room_for(self, size: int, keep: SetSlot) -> bool:
+    async def _room_for(self, size: int, keep: SetSlot, replacing: SetVersion | None = None) -> bool:
         """Close idle sets, least recently used first, until ``size`` more bytes fit within
-        ``max_bytes``; False if they do not (the sets in use hold too much)."""
+        ``max_bytes``; False if they do not (the sets in use hold too much). ``replacing``:
+        the version a reload swaps out, which counts only while it is in use (idle, it is
+        closed at the swap)."""
         if not self.max_bytes:
             return True
-        in_use = sum(v.size for v in self._versions.values()
+        freed = replacing.size if replacing is not None and replacing.idle else 0
+        others = [v for v in self._versions.values() if v is not replacing or not freed]
+        in_use = sum(v.size for v in others
                      if not (v.idle and (s := self.slots.get(v.name)) is not None and s.current is v
                              and s is not keep and v.name not in self._opening))
-        if in_use + size > self.max_bytes and self._versions:
+        if in_use + size > self.max_bytes and others:
             return False  # closing the idle ones would not make room: none is closed
-        while self.held_bytes + size > self.max_bytes:
+        while self.held_bytes - freed + size > self.max_bytes:
             version = self._close_least_recent(keep, f"for max_open_memory={self.max_bytes >> 20} MiB")
             if version is None:
-                return not self._versions  # one set alone is never refused
+                return not others  # one set alone is never refused
             with trio.CancelScope(shield=True):
                 await version.closed.wait()
         return True
@@ -396,6 +401,13 @@ class Sets:
             except SetUnavailable:  # why: logged by _index
                 log.error("set %s: the new version cannot be served, version %d keeps serving",
                           slot.name or "/", current.number)
+                return False
+            if not await self._room_for(opened.size, keep=slot, replacing=current):
+                await self._discard(opened)
+                log.error("set %s: the new version is not swapped in: %s bytes of open sets, and its %s "
+                          "would pass max_open_memory=%s (version %d keeps serving; tried again at the "
+                          "next check)", slot.name or "/", f"{self.held_bytes:,}", f"{opened.size:,}",
+                          size_text(self.max_bytes), current.number)
                 return False
             if slot.removed or slot.current is not current:  # closed or removed meanwhile
                 await self._discard(opened)

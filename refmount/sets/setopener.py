@@ -57,6 +57,13 @@ def set_config(cfg: Any, entry: Any) -> Any:
     return out
 
 
+def memory_held(index_bytes: int, memory_cache: int, core: Any) -> int:
+    """What an open set is charged against ``max_open_memory``: its mapped index (a Parquet
+    set has none), its memory cache and, for a Parquet set, the bound of its cache of
+    decoded record files (``SetCore.records_bound``)."""
+    return index_bytes + memory_cache + core.records_bound
+
+
 def index_and_build(cfg: Any, entry: Any, identify: Identify, indexer: IndexerProcesses) -> Opened:
     """Open one set (blocking): identify its SOURCE, index it in an indexer process (its
     persisted index reused when SOURCE is unchanged), map the index into a core."""
@@ -66,9 +73,9 @@ def index_and_build(cfg: Any, entry: Any, identify: Identify, indexer: IndexerPr
     identity = identify(entry)
     index_file = indexer.index(set_cfg)
     try:
-        # a Parquet set has no index file: its records, loaded on demand, are bounded apart
-        size = (os.path.getsize(index_file.path) if index_file.path else 0) + set_cfg.memory_cache_size
-        core = build_core(set_cfg, index_file)
+        index_bytes = os.path.getsize(index_file.path) if index_file.path else 0  # (a temporary
+        core = build_core(set_cfg, index_file)  # index is gone once mapped)
+        size = memory_held(index_bytes, set_cfg.memory_cache_size, core)
     finally:
         if index_file.temporary:  # mapped: the file can go
             with contextlib.suppress(OSError):

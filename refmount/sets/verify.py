@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import errno
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -181,7 +181,7 @@ class VersionSource(Protocol):
 
 
 async def check_targets(fetcher: VersionSource, extents: dict[str, int], *, jobs: int,
-                        pins: dict[str, Version] | None = None,
+                        pins: Mapping[str, Version] | None = None,
                         progress: Progress | None = None) -> list[TargetReport]:
     """Every target of ``extents`` asked for its version once, by ``jobs`` workers taking the
     next target in turn (tasks and requests in flight: at most ``jobs``, however many targets);

@@ -32,12 +32,13 @@ import logging
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
 from refmount.base.errors import ConfigError, FetchError
 from refmount.base.lru import LRU
 from refmount.base.redact import redact_url
+from refmount.targets.pintable import PinTable, PinTableBuilder
 from refmount.targets.versions import _FIELDS, Version
 from refmount.targets.versions import (
     VersionChanged as VersionChanged,  # re-exported: where pins are, for the fetcher
@@ -47,7 +48,8 @@ log = logging.getLogger(__name__)
 
 PIN_FORMAT = "refmount-pins-1"
 # A pin file larger than this is refused (max_inline's default: some 600,000 targets of
-# 100-byte URLs), before it is read; it is parsed as it streams, so memory is the pins.
+# 100-byte URLs), before it is read; it is parsed as it streams into a PinTable, so memory
+# is the pins, held compactly (at most about the file's size).
 MAX_PIN_FILE = 64 << 20
 _DEPTH = 3  # {"targets": {URL: {field: value}}}
 _FIELD_SET = frozenset(_FIELDS)
@@ -104,12 +106,13 @@ class _Bounded(io.RawIOBase):
         return data
 
 
-def _parse_stream(open_stream: Callable[[], IO[bytes]], where: str) -> dict[str, Version]:
+def _parse_stream(open_stream: Callable[[], IO[bytes]], where: str) -> PinTable:
     """The pins of a pin file read as a stream, twice (``open_stream`` opens it): its top
     level up to the start of "targets" (ijson events; "format" comes first in what
     ``write_pins`` writes), then each target's pin built by ijson alone (``kvitems``); the
     nesting is checked before the parser sees a byte (``JsonReader``). Memory is the pins,
-    never the text or a parse of it whole."""
+    held compactly (``PinTable``: at most about the file's size), never the text or a parse
+    of it whole."""
     import ijson
 
     from refmount.refs.limits import JsonReader, Limits
@@ -138,14 +141,17 @@ def _parse_stream(open_stream: Callable[[], IO[bytes]], where: str) -> dict[str,
             raise _not_pin_file(where)
         if targets != "start_map":
             raise ConfigError(f"pins: {where}: \"targets\" must be an object of target URL -> pin")
-        pins: dict[str, Version] = {}
+        pins = PinTableBuilder()
         with open_stream() as f:
             for url, entry in ijson.kvitems(JsonReader(f, where, limits), "targets", use_float=True):
                 if not isinstance(entry, dict):
                     raise ConfigError(f"pins: {where}: the pin of {redact_url(url)!r} must be an "
                                       f"object with the fields {', '.join(_FIELDS)}")
-                pins[url] = _version(url, entry, where)
-        return pins
+                try:
+                    pins.add(url, _version(url, entry, where))
+                except ValueError as e:
+                    raise ConfigError(f"pins: {where}: the pin of {redact_url(url)!r}: {e}") from None
+        return pins.build()
     except ConfigError:
         raise
     except ijson.JSONError as e:
@@ -159,13 +165,13 @@ def _parse_stream(open_stream: Callable[[], IO[bytes]], where: str) -> dict[str,
         raise _pin_error(where, type(e).__name__) from None
 
 
-def parse_pins(text: str | bytes, where: str) -> dict[str, Version]:
+def parse_pins(text: str | bytes, where: str) -> PinTable:
     """The pins of a pin file's text; ConfigError naming ``where`` and the problem."""
     data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     return _parse_stream(lambda: io.BytesIO(data), where)
 
 
-def read_pins(path: str) -> dict[str, Version]:
+def read_pins(path: str) -> PinTable:
     """The pins in the file ``path``, parsed as it is read; ConfigError (one line) if it is
     not a regular file, is larger than MAX_PIN_FILE or cannot be read or parsed."""
     try:
@@ -225,9 +231,10 @@ class Pins:
 
     MAX_ADDED = 1_000_000  # pins added while serving (``add``), at most
 
-    def __init__(self, pins: dict[str, Version], where: str = "", stats: Any = None,
+    def __init__(self, pins: Mapping[str, Version], where: str = "", stats: Any = None,
                  required: bool = True) -> None:
-        self._pins = pins
+        self._pins = pins  # a pin file's (a PinTable: read-only)
+        self._added: dict[str, Version] = {}  # pins added while serving (``add``)
         self.where = where
         # required: a target without a pin is refused (a pin file); else it is read unchecked
         # (pins added while serving: an Icechunk repository's virtual chunks, ``add``)
@@ -241,17 +248,18 @@ class Pins:
         return cls(read_pins(path), path, stats)
 
     def __len__(self) -> int:
-        return len(self._pins)
+        return len(self._pins) + len(self._added)
 
     def __contains__(self, url: str) -> bool:
-        return url in self._pins
+        return url in self._pins or url in self._added
 
     def pin(self, url: str) -> Version | None:
-        return self._pins.get(url)
+        pin = self._pins.get(url)
+        return pin if pin is not None else self._added.get(url)
 
     def token(self, url: str) -> str:
         """What names the pinned version of ``url`` in a disk-cache key ("unpinned" if none)."""
-        pin = self._pins.get(url)
+        pin = self.pin(url)
         return pin.token() if pin is not None else "unpinned"
 
     def refused(self, url: str) -> PinMismatch | None:
@@ -267,19 +275,19 @@ class Pins:
         pins are required (None: it has none and may be read unchecked)."""
         if (known := self.refused(url)) is not None:
             raise known
-        pin = self._pins.get(url)
+        pin = self.pin(url)
         if pin is None and self.required:
             raise self.refuse(url, f"not pinned in {self.where or 'the pin file'}")
         return pin
 
     def add(self, url: str, version: Version) -> None:
         """Pin ``url`` to ``version`` unless it is pinned already (the first pin stays)."""
-        if url not in self._pins and len(self._pins) < self.MAX_ADDED:
-            self._pins[url] = version
+        if url not in self and len(self._added) < self.MAX_ADDED:
+            self._added[url] = version
 
     def keyed(self, url: str) -> bool:
         """Whether ``url``'s blocks are cached by its pinned version (``token``)."""
-        return self.required or url in self._pins
+        return self.required or url in self
 
     def refuse(self, url: str, reason: str) -> PinMismatch:
         """Record ``url`` as changed (logged once per target) and return the read's error."""

@@ -14,6 +14,7 @@ import fsspec
 from refmount.base.lru import LRU
 from refmount.base.redact import redact_url
 from refmount.base.urls import LOCAL_PROTOCOLS, is_chained, is_local, local_path
+from refmount.base.urls import protocol as url_protocol
 from refmount.config import MountConfig
 from refmount.targets.rules import Route, TargetRules
 
@@ -103,7 +104,7 @@ class TargetPolicy:
         ``remote_protocol``'s instead, when one is set). ``~/…`` is not: it is the home
         directory's."""
         protocol, sep, path = url.partition("://") if "://" in url else ("", "", url)
-        if "::" in url or (sep and protocol not in LOCAL_PROTOCOLS) or os.path.isabs(path):
+        if is_chained(url) or (sep and protocol not in LOCAL_PROTOCOLS) or os.path.isabs(path):
             return False
         if path[:1] == "~" and path[1:2] in ("", "/"):
             return False
@@ -111,6 +112,8 @@ class TargetPolicy:
 
     def _chain(self, url: str) -> list[tuple[str, str]]:
         """(protocol, path) of each link of a (possibly chained) URL."""
+        if not is_chained(url):  # one link (fsspec would split an IPv6 host at its "::")
+            return [(url_protocol(url), url)]
         try:
             links = fsspec.core._un_chain(url, {})
         except Exception as e:

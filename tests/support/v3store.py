@@ -10,9 +10,10 @@ from typing import Any
 
 import trio
 
+from refmount.decode.decodedtree import DecodedTree
 from refmount.decode.sharding import ShardIndexes
 from refmount.decode.v3tree import MISSING_CHUNK
-from refmount.decode.view import DecodedTree, DecodedView
+from refmount.decode.view import DecodedView
 from refmount.refs import Ref, RefKind
 from refmount.refs.index import KeyIndex
 from refmount.refs.indexbuilder import IndexBuilder

@@ -95,3 +95,45 @@ def test_policy_relative_is_what_full_url_joins_to_the_base(url, remote_protocol
     assert policy.relative(url) is relative
     if relative:
         assert policy.full_url(url).partition("://")[2 if "://" in url else 0].startswith("/base/")
+
+
+# An IPv6 literal host: its "::" chains nothing (fsspec's own _un_chain would split it).
+IPV6 = [
+    ("http://[::1]/a.nc", False, "http"),
+    ("http://[::1]:8080/a.nc", False, "http"),
+    ("HTTP://[::1]:80/a.nc", False, "HTTP"),
+    ("https://user:pw@[fe80::1%25eth0]:443/a.nc", False, "https"),
+    ("s3://[2001:db8::7]/bucket/a.nc", False, "s3"),
+    ("simplecache::http://[::1]/a.nc", True, "simplecache"),
+    ("http://[::1]/a::b.nc", True, "http"),  # a '::' outside the brackets still chains
+    ("http://[1:2]/a.nc", False, "http"),
+]
+
+
+@pytest.mark.parametrize(("url", "chained", "proto"), IPV6)
+def test_an_ipv6_host_is_not_a_chain(url: str, chained: bool, proto: str) -> None:
+    assert is_chained(url) is chained
+    assert protocol(url) == proto
+    assert not is_local(url)
+
+
+def test_urls_with_an_ipv6_host_are_normalised() -> None:
+    """Rules are matched on the URL as its client sends it: an IPv6 host is too (its case, the
+    default port, escaped dots), so a target climbing out of a prefix gets no rule."""
+    from refmount.base.urls import normal_url
+    from refmount.targets.rules import TargetRules, parse_rules
+
+    assert normal_url("HTTP://[::1]:80/pub/%2e%2e/obj") == "http://[::1]/pub/../obj"
+    assert normal_url("http://[FE80::A]:8080/p/%7Ex") == "http://[fe80::a]:8080/p/~x"
+    rules = TargetRules(parse_rules([{"prefix": "http://[::1]:8080/pub/",
+                                      "options": {"headers": {"Authorization": "x"}}}]))
+    assert rules.match("http://[::1]:8080/pub/obj") is not None
+    assert rules.match("HTTP://[::1]:8080/pub/obj") is not None
+    assert rules.match("http://[::1]:8080/pub/%2e%2e/obj") is None
+    assert rules.match("http://[::1]:8080/pub/.%2e/obj") is None
+
+
+def test_the_policy_reads_an_ipv6_url_as_one_link(tmp_path) -> None:
+    policy = target_policy(MountConfig(source=str(tmp_path / "refs.json"), allow_other=True))
+    assert policy.problem("http://[::1]:8080/a.nc", resolve=False) is None
+    assert not policy.relative("http://[::1]:8080/a.nc")

@@ -372,3 +372,57 @@ def test_sets_in_use_count_against_the_memory_bound() -> None:
         assert d.core.started and slot(sets, "a").current is None and sets.held_bytes == 90
 
     run(world, ["a", "b", "c", "d"], body, max_bytes=100)
+
+
+def test_a_reload_that_would_pass_the_memory_bound_keeps_the_old_version(caplog) -> None:
+    """A reload counts against max_open_memory: the new version with the sets in use, the old
+    one too while files are open on it. Just under the bound it is swapped in; just over,
+    the old version keeps serving, one log line says why, and the next check tries again."""
+    import logging
+
+    world = World(["a", "b"])
+    world.size = {"a": 40, "b": 40}
+
+    async def body(sets: Sets, events: Events) -> None:
+        a = await sets.open(slot(sets, "a"))
+        sets.hold(a)
+        b = await sets.open(slot(sets, "b"))
+        sets.hold(b)
+        world.identity["a"], world.size["a"] = "v2", 21  # 40 + 40 in use + 21 > 100
+        with caplog.at_level(logging.ERROR):
+            assert not await sets.reload(slot(sets, "a"))
+        lines = [r.getMessage() for r in caplog.records if "not swapped in" in r.getMessage()]
+        assert len(lines) == 1
+        assert "80 bytes of open sets, and its 21 would pass max_open_memory=100" in lines[0]
+        assert slot(sets, "a").current is a and sets.held_bytes == 80
+        assert world.cores[-1].closed and not a.core.closed  # the new one discarded
+        world.identity["a"], world.size["a"] = "v3", 20  # 40 + 40 + 20 = 100: just fits
+        assert await sets.reload(slot(sets, "a"))
+        new = slot(sets, "a").current
+        assert new is not a and new.size == 20 and sets.held_bytes == 100
+        sets.drop(a)  # the old version closes once its file is closed
+        await a.closed.wait()
+        assert sets.held_bytes == 60
+        sets.hold(new)
+        world.identity["a"], world.size["a"] = "v4", 60  # b 40 + 60 = 100, a's version 3 in use
+        assert not await sets.reload(slot(sets, "a"))
+        sets.drop(new)  # idle: closed at the swap, so it does not count
+        assert await sets.reload(slot(sets, "a"))
+        assert slot(sets, "a").current.size == 60
+
+    run(world, ["a", "b"], body, max_bytes=100)
+
+
+def test_a_parquet_sets_record_cache_counts_as_memory_it_holds(tmp_path) -> None:
+    """What a catalogue's Parquet set is charged against max_open_memory includes the bound of
+    its decoded-record cache, not only its memory cache."""
+    from refmount.refs.parquetset import RECORD_CACHE_BYTES
+    from refmount.sets.setopener import memory_held
+
+    class Core:
+        def __init__(self, records: Any) -> None:
+            self.records_bound = records
+
+    assert memory_held(0, 8 << 20, Core(0)) == 8 << 20
+    assert memory_held(0, 8 << 20, Core(RECORD_CACHE_BYTES)) == (8 << 20) + RECORD_CACHE_BYTES
+    assert memory_held(1000, 8 << 20, Core(0)) == (8 << 20) + 1000

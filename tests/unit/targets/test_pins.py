@@ -252,8 +252,8 @@ def test_a_pin_file_is_parsed_as_it_streams_within_its_bound(tmp_path, monkeypat
     pins = read_pins(str(path))
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10) - before
     assert len(pins) == n + 1 and pins["http://h.example/data/000000007.nc"].size == 123456789
-    # the pins themselves take about 4 times the file's size; the text whole and json.loads'
-    # objects of it (as the file used to be read, up to 1 GiB) took about 7 times
+    # the pins are held compactly (the bound itself: the test below, in a fresh process);
+    # the text whole and json.loads' objects of it (as the file used to be read) took 7 times
     assert grown < 5 * size, grown
     with open(path, "a") as f:
         f.write(" " * (MAX_PIN_FILE - size + 1))
@@ -267,3 +267,76 @@ def test_a_pin_file_is_parsed_as_it_streams_within_its_bound(tmp_path, monkeypat
     with pytest.raises(ConfigError, match="is not a regular file"):
         read_pins(str(fifo))
     assert time.monotonic() - t0 < 1
+
+
+def _pin_file_just_under_the_bound(path: os.PathLike, entry: str, head: str) -> int:
+    """A pin file of entries ``entry % i`` whose size is just under MAX_PIN_FILE; their count."""
+    from refmount.targets.pins import MAX_PIN_FILE
+
+    n = (MAX_PIN_FILE - 200 - len(head)) // len(entry % 0)
+    with open(path, "w") as f:
+        f.write(head)
+        step = 10_000
+        for at in range(0, n, step):
+            f.write("".join(entry % i for i in range(at, min(n, at + step))))
+        f.write('\n  "z": {"size": 1}\n }\n}\n')
+    return n + 1
+
+
+def test_a_pin_file_at_its_bound_is_held_in_less_than_one_and_a_half_times_its_size(tmp_path) -> None:
+    """Just under 64 MiB, some 560,000 targets as ``verify --pin`` writes them: the pins are held
+    compactly (targets/pintable.py). Read in a fresh process, its peak RSS grows by less than
+    1.5 times the file's size (the pins, ijson's chunks, one target's pin at a time), what
+    is kept is under the file's size, and every pin is there as written."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "pins.json"
+    head = '{\n "format": "' + PIN_FORMAT + '",\n "source": "refs.json",\n "targets": {'
+    entry = ('\n  "http://h.example/data/%09d.nc": {\n   "etag": "\\"0123456789abcdef\\"",\n'
+             '   "size": 123456789\n  },')
+    n = _pin_file_just_under_the_bound(path, entry, head)
+    size = path.stat().st_size
+    assert (64 << 20) - 2000 < size <= 64 << 20 and n > 500_000
+    probe = f"""
+import json, resource, sys, time
+import ijson, numpy
+from refmount.targets.pins import Version, read_pins
+before = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()  # resident now
+cpu = time.process_time()
+pins = read_pins({str(path)!r})
+cpu = time.process_time() - cpu
+# the peak of this process image (VmHWM: ru_maxrss would count the parent's RSS at fork)
+hwm = [line for line in open("/proc/self/status") if line.startswith("VmHWM:")][0]
+grown = int(hwm.split()[1]) * 1024 - before
+ok = (pins["http://h.example/data/000000007.nc"] == Version(size=123456789, etag='"0123456789abcdef"')
+      and pins.get("http://h.example/data/{n - 2:09d}.nc") is not None and "z" in pins
+      and pins.get("http://h.example/data/x.nc") is None)
+print(json.dumps({{"n": len(pins), "kept": pins.nbytes, "grown": grown, "cpu": cpu, "ok": ok}}))
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))))
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    print(f"\n{n:,} targets, file {size:,} bytes: peak RSS grown {got['grown']:,} "
+          f"({got['grown'] / size:.2f}x), kept {got['kept']:,}, {got['cpu']:.1f} CPU s")
+    assert got["ok"] and got["n"] == n and got["kept"] < size
+    assert got["grown"] < 1.5 * size, (got, out.stderr)
+
+
+def test_the_table_keeps_every_field_and_the_last_pin_of_a_url_listed_twice() -> None:
+    from refmount.targets.pintable import PinTableBuilder
+
+    b = PinTableBuilder()
+    full = Version(size=(1 << 64) - 1, etag='W/"é\\u0000"', last_modified="Mon, 01 Jan 2024",
+                   mtime_ns=-(1 << 63), version_id="v\udcff")
+    b.add("http://h/a", Version(size=1))
+    b.add("http://h/ü", full)
+    b.add("http://h/a", Version(size=2, mtime_ns=5))
+    table = b.build()
+    assert len(table) == 2 and dict(table) == {"http://h/a": Version(size=2, mtime_ns=5), "http://h/ü": full}
+    with pytest.raises(ValueError, match="size"):
+        b.add("u", Version(size=1 << 64))
+    with pytest.raises(ValueError, match="mtime_ns"):
+        b.add("u", Version(size=1, mtime_ns=1 << 63))
+
