@@ -87,6 +87,7 @@ class TargetReadahead:
     SLACK = SLACK  # a range within this of the last one's end continues the run
     MIN_STREAK = 3  # ranges in a row before prefetching starts
     CLOSE = 4  # ... each starting within this many ranges of the last one's end
+    DENSE = 2  # ... and together covering at least 1/DENSE of the stretch they lie in
     USED = 8  # a stream reads ahead while its readers read at least 1/USED of what it fetched
     BEHIND = 4 * 2**20  # this far behind the furthest range is "out of order", not a jump
     CONCURRENT = 16  # ... or this many ranges behind it, up to the window: readers fetching at once
@@ -246,15 +247,27 @@ class TargetReadahead:
         run = self._runs.find(url, start, lambda r: self._in_run(r, start, span))
         if run is None:
             if miss:  # a new stream starts only where reads go to the network
-                self._runs.add(url, Run(end))
+                self._runs.add(url, Run(start, end))
             return
         run.read += span
         if end <= run.end:
             # Behind the furthest range: concurrent readers (zarr fetches several chunks at
-            # once) report ranges out of order. Neither progress nor a jump.
-            return
-        run.end = end
+            # once) report ranges out of order. Neither progress nor a jump -- but before
+            # the stream reads ahead, a range that ends right before its first one (less
+            # than a range apart) is its reader's too: the first keys a reader asks for at
+            # once arrive in any order (trio runs a batch of tasks in either order), and a
+            # streak counted only upward would not start.
+            if run.started or not run.low - span < end <= run.low:
+                return
+            run.low = start
+        else:
+            run.end = end
         run.streak += 1
+        if not run.started and run.end - run.low > self.DENSE * (run.streak + 1) * span:
+            # Its ranges are scattered over more than twice what they cover: a random
+            # reader's, landing near one another now and then. Start again from this one.
+            run.low, run.end, run.streak = start, end, 0
+            return
         if run.streak >= self.MIN_STREAK and not run.stopped:
             if not run.started:
                 run.started = True
@@ -345,10 +358,19 @@ class TargetReadahead:
                 stop = round_up(ahead + 1, self.grid)
             if i < len(stretches):
                 stop = min(stop, stretches[i].start)  # up to the next one
-            if self._inflight and self._inflight + stop - ahead > self.max_inflight:
-                break  # all streams together have their most in flight: later
-            if run.inflight and run.inflight + stop - ahead > inflight_share:
-                break  # this stream has its share in flight: later
+            # Within the bytes in flight of all streams together, and of this stream's share
+            # unless the others have room to spare: a shorter request (down to a grid block)
+            # when a whole one does not fit -- readers keeping many keys in flight use most
+            # of a share themselves -- or none for now.
+            size = allowed = stop - ahead
+            if self._inflight:
+                allowed = min(allowed, self.max_inflight - self._inflight)
+            if run.inflight and self._inflight + size > self.max_inflight - inflight_share:
+                allowed = min(allowed, inflight_share - run.inflight)
+            if allowed < size:
+                stop = (ahead + max(allowed, 0)) // self.grid * self.grid
+                if stop <= ahead:
+                    break  # later: when bytes in flight have arrived
             stretch = Stretch(ahead, stop, round_up(ahead, self.grid), run)
             bisect.insort(stretches, stretch, key=lambda s: s.start)
             self._fifo.append((url, stretch))
