@@ -121,18 +121,22 @@ def read_slabs(workers: int, per: int, size: int, *, latency: float, bandwidth: 
         await trio.sleep(rng.random() * spread)
         todo = iter(range(w * per, (w + 1) * per))
 
-        async def one() -> None:
-            for i in todo:
+        async def one(i: int | None) -> None:
+            # Each of the first keys is a request of its own, handled by a task of its own
+            # (as the daemon handles each FUSE or HTTP request): trio runs a batch of new
+            # tasks in either order, so they reach the reader in either order.
+            while i is not None:
                 got = await reader.read(Ref(RefKind.RANGE, URL, i * size, size), 0, size)
                 if len(got) != size:
                     result.wrong.append(i)
                 result.most_held = max(result.most_held, ra.prefetched_bytes)
                 result.most_inflight = max(result.most_inflight, ra.inflight_bytes)
                 await trio.sleep(size * work_per_byte)
+                i = next(todo, None)
 
         async with trio.open_nursery() as keys:
             for _ in range(at_once):
-                keys.start_soon(one)
+                keys.start_soon(one, next(todo, None))
 
     async def main() -> None:
         async with trio.open_nursery() as background:

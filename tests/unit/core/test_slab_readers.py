@@ -70,9 +70,11 @@ def test_eight_workers_stay_within_the_default_bounds() -> None:
 
 
 def test_one_reader_asking_ten_keys_at_once_misses_only_its_first_keys() -> None:
+    # Its first ten keys are asked at once, in either order: those before its stream starts
+    # are fetched on demand (all ten at worst, when the last comes first), none after.
     run = read_slabs(1, 256, MiB, latency=0.02, at_once=10)
-    assert run.misses == TargetReadahead.MIN_STREAK + 1, sorted(run.by_position.items())
-    assert set(run.by_position) == set(range(TargetReadahead.MIN_STREAK + 1))
+    assert TargetReadahead.MIN_STREAK + 1 <= run.misses <= 10, sorted(run.by_position.items())
+    assert set(run.by_position) <= set(range(10))
 
 
 def test_a_readers_first_keys_in_reverse_order_start_its_stream() -> None:
