@@ -22,9 +22,13 @@ disk cache as one block instead of one file per key, and later serves keys from 
 Several readers going through one target at once (Dask workers each reading its slab, HTTP
 clients each reading a slice) keep one stream each: a range belongs to the stream whose
 reads it continues (the nearest), and a miss that continues none starts a stream of its own.
-Each stream has its own window; the bounds are global: stretches held within ``capacity``
-bytes (first-in first-out), bytes in flight within ``max_inflight`` across all streams, and
-each stream's window within its share of the capacity while several read ahead.
+Each stream has its own window, kept from where its readers ask (a reader waiting for bytes
+still coming moves its stream there), not from where bytes have arrived. The bounds are
+global: stretches held within ``capacity`` bytes (first-in first-out), bytes in flight (asked
+for, not yet arrived) within ``max_inflight`` across all streams; while several read ahead,
+each stream's window within its share of the capacity and its bytes in flight within its
+share of ``max_inflight`` (more while the others leave room), a request that does not fit cut
+to what does.
 
 Only misses count (a reader served by the disk cache starts nothing), a read that continues
 no stream starts one (a random reader's reads start streams that never read ahead), and a
