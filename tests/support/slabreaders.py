@@ -115,6 +115,7 @@ def read_slabs(workers: int, per: int, size: int, *, latency: float, bandwidth: 
     reader = RefReader(link, MemoryLRU(512 * MiB), None, whole_fetch_limit=32 * MiB,  # type: ignore[arg-type]
                        block_size=4 * MiB, max_readahead=max_readahead, stats=Stats())
     ra = reader.target_readahead
+    ra.clock = trio.current_time  # which streams read ahead "now": virtual time, not the machine's
     result = SlabRun(workers * per, 0, {}, 0, reader, link)
 
     async def worker(w: int) -> None:
