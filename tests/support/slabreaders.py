@@ -122,10 +122,13 @@ def read_slabs(workers: int, per: int, size: int, *, latency: float, bandwidth: 
         await trio.sleep(rng.random() * spread)
         todo = iter(range(w * per, (w + 1) * per))
 
-        async def one(i: int | None) -> None:
+        async def one(i: int | None, arrives: float) -> None:
             # Each of the first keys is a request of its own, handled by a task of its own
-            # (as the daemon handles each FUSE or HTTP request): trio runs a batch of new
-            # tasks in either order, so they reach the reader in either order.
+            # (as the daemon handles each FUSE or HTTP request); trio runs a batch of new
+            # tasks in either order, so they reach the reader in key order or last first.
+            # Which, is decided here (``seed``), each one a microsecond after the other:
+            # trio's own order is shuffled under Hypothesis, which other tests load.
+            await trio.sleep(arrives)
             while i is not None:
                 got = await reader.read(Ref(RefKind.RANGE, URL, i * size, size), 0, size)
                 if len(got) != size:
@@ -135,9 +138,12 @@ def read_slabs(workers: int, per: int, size: int, *, latency: float, bandwidth: 
                 await trio.sleep(size * work_per_byte)
                 i = next(todo, None)
 
+        first = [next(todo, None) for _ in range(at_once)]
+        if rng.random() < 0.5:
+            first.reverse()
         async with trio.open_nursery() as keys:
-            for _ in range(at_once):
-                keys.start_soon(one, next(todo, None))
+            for n, i in enumerate(first):
+                keys.start_soon(one, i, n * 1e-6)
 
     async def main() -> None:
         async with trio.open_nursery() as background:
