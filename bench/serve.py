@@ -161,13 +161,14 @@ def request_rate(url: str, method: str, seconds: float = 3.0, conns: int = 16,
 class Serve:
     """``refmount serve`` of the reference set, detached, stopped by its PID."""
 
-    def __init__(self, refs: Path, work: Path, repo: Path = h.REPO) -> None:
-        self.refs, self.work, self.repo = refs, work, repo
+    def __init__(self, refs: Path, work: Path, repo: Path = h.REPO, opts: str = "") -> None:
+        self.refs, self.work, self.repo, self.opts = refs, work, repo, opts
         self.url, self.pid = "", 0
 
     def start(self) -> None:
+        opts = ",".join(filter(None, ["no_disk_cache", f"log={self.work / 'serve.log'}", self.opts]))
         r = subprocess.run([PY, "-m", "refmount", "serve", str(self.refs), "--listen", "127.0.0.1:0",
-                            "-o", f"no_disk_cache,log={self.work / 'serve.log'}"],
+                            "-o", opts],
                            capture_output=True, text=True, cwd=self.repo, timeout=300,
                            env=dict(os.environ, PYTHONPATH=str(self.repo)))
         if r.returncode != 0:

@@ -2,17 +2,19 @@
 
 One file of incompressible bytes is served by nginx (without and with added latency, as in
 ``latency``); for each chunk size a reference set describes it as one zarr v2 array ``x``
-(``<f8``, no compressor, chunks in key order: by default 4,096 x 64 KiB and 256 x 1 MiB,
-256 MiB each). A ``dask.distributed`` ``LocalCluster`` of 1, 4 or 8 worker processes (one
-thread each) reads the array cold, each worker its own contiguous slab of chunks (a quarter
-with four workers), all at once: zarr in each worker, each worker reading its part of the
-one target file at its own place.
+(``<f8``, no compressor, chunks in key order: by default 4,096 x 64 KiB (256 MiB) and 1,024 x
+1 MiB (1 GiB): with eight workers, 512 and 128 chunks a worker, so that the few chunks each
+worker reads before its readahead starts are not most of what it reads). A
+``dask.distributed`` ``LocalCluster`` of 1, 4 or 8 worker processes (one thread each) reads
+the array cold, each worker its own contiguous slab of chunks (a quarter with four workers),
+all at once: zarr in each worker, each worker reading its part of the one target file at its
+own place.
 
 Peers: ``refmount`` (a fresh mount and ``cache_dir`` per pass; the workers read it as a
 directory), ``serve`` (a fresh ``refmount serve`` per pass; ``zarr.open_array(URL)`` over
-fsspec's HTTP file system in each worker), ``inproc`` (fsspec's ``reference://`` in each
-worker over the same nginx), and with ``--base CHECKOUT`` the other checkout's mount and
-``serve``, interleaved with this one's pass by pass.
+fsspec's HTTP file system in each worker; ``--refmount-opts`` apply to it too), ``inproc``
+(fsspec's ``reference://`` in each worker over the same nginx), and with ``--base CHECKOUT``
+the other checkout's mount and ``serve``, interleaved with this one's pass by pass.
 
 Each cell: MB/s of the whole array (its bytes over the time from the first worker's start to
 the last one's end), then the demand misses as a fraction of the chunks (refmount's
@@ -48,7 +50,7 @@ TITLES = {"refmount": "mount", "refmount/base": "mount (base)", "serve": "serve"
 def add_arguments(p: Any) -> None:
     p.add_argument("--workers", default="1,4,8", help="Dask worker processes (workers workload)")
     p.add_argument("--worker-chunks", default=None, help="workers: chunk size[:number of chunks] "
-                   "(default 64k:4096,1m:256; --quick 64k:512,1m:32)")
+                   "(default 64k:4096,1m:1024; --quick 64k:512,1m:128)")
     p.add_argument("--worker-latencies", default="0,20", help="workers: ms before each response's first byte")
 
 
@@ -87,7 +89,7 @@ class Run:
         self.args = args
         self.work = work
         self.timeout = args.timeout or 300.0
-        chunks = args.worker_chunks or ("64k:512,1m:32" if args.quick else "64k:4096,1m:256")
+        chunks = args.worker_chunks or ("64k:512,1m:128" if args.quick else "64k:4096,1m:1024")
         self.chunks: list[tuple[int, int]] = []
         for spec in chunks.split(","):
             size, _, count = spec.partition(":")
@@ -126,7 +128,7 @@ class Run:
             self.live.append(m)
             kind, where, daemon, stats = "mount", str(self.mnt), m.cpu_pid, m.stats
         elif peer.startswith("serve"):
-            s = Serve(refs, self.logs, repo or h.REPO)
+            s = Serve(refs, self.logs, repo or h.REPO, self.args.refmount_opts or "")
             s.start()
             self.servers.append(s)
             kind, where, daemon, stats = "serve", s.url, s.pid, s.stats

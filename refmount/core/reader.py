@@ -101,7 +101,8 @@ class RefReader:
         key = tuple.__new__(BlockKey, (ref.url, ref.offset, ref.length))
         if self.store.loading(key):
             return False
-        return self.target_readahead.when_arrived(ref.url, ref.offset, ref.offset + ref.length, call)
+        return self.target_readahead.when_arrived(ref.url, ref.offset, ref.offset + ref.length, call,
+                                                  self.store.background)
 
     async def size(self, ref: Ref) -> int:
         return await self.sizes.length(ref)
@@ -130,7 +131,7 @@ class RefReader:
         store = self.store
         if not store.loading(key):
             in_order = self.order.follows(url, start, start + total) if off == 0 else False
-            found = await self.target_readahead.lookup(url, start, start + total)
+            found = await self.target_readahead.lookup(url, start, start + total, store.background)
             if found is not None:
                 if off == 0:  # first read of this key
                     self._prefetch_hit(key, *found)

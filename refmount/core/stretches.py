@@ -17,12 +17,15 @@ from refmount.base.background import soon_in_trio
 class Run:
     """One stream of a target's keys read in order: its own position and window."""
 
-    __slots__ = ("ahead", "end", "fetched", "read", "started", "stopped", "streak", "waited", "window")
+    __slots__ = ("ahead", "end", "fetched", "inflight", "low", "read", "started", "stopped", "streak",
+                 "waited", "window")
 
-    def __init__(self, end: int) -> None:
-        self.end = end  # furthest byte read on demand (or from a prefetched stretch)
+    def __init__(self, start: int, end: int) -> None:
+        self.end = end  # furthest byte read on demand, from a prefetched stretch, or asked of one in flight
+        self.low = start  # where its first ranges begin (before it reads ahead)
         self.read = 0  # bytes of the ranges it took
         self.fetched = 0  # bytes of the stretches it started
+        self.inflight = 0  # bytes of its stretches being fetched
         self.streak = 0  # consecutive ranges that followed on
         self.ahead = 0  # prefetched (or being prefetched) up to here
         self.window = 0

@@ -22,9 +22,13 @@ disk cache as one block instead of one file per key, and later serves keys from 
 Several readers going through one target at once (Dask workers each reading its slab, HTTP
 clients each reading a slice) keep one stream each: a range belongs to the stream whose
 reads it continues (the nearest), and a miss that continues none starts a stream of its own.
-Each stream has its own window; the bounds are global: stretches held within ``capacity``
-bytes (first-in first-out), bytes in flight within ``max_inflight`` across all streams, and
-each stream's window within its share of the capacity while several read ahead.
+Each stream has its own window, kept from where its readers ask (a reader waiting for bytes
+still coming moves its stream there), not from where bytes have arrived. The bounds are
+global: stretches held within ``capacity`` bytes (first-in first-out), bytes in flight (asked
+for, not yet arrived) within ``max_inflight`` across all streams; while several read ahead,
+each stream's window within its share of the capacity and its bytes in flight within its
+share of ``max_inflight`` (more while the others leave room), a request that does not fit cut
+to what does.
 
 Only misses count (a reader served by the disk cache starts nothing), a read that continues
 no stream starts one (a random reader's reads start streams that never read ahead), and a
@@ -87,6 +91,7 @@ class TargetReadahead:
     SLACK = SLACK  # a range within this of the last one's end continues the run
     MIN_STREAK = 3  # ranges in a row before prefetching starts
     CLOSE = 4  # ... each starting within this many ranges of the last one's end
+    DENSE = 2  # ... and together covering at least 1/DENSE of the stretch they lie in
     USED = 8  # a stream reads ahead while its readers read at least 1/USED of what it fetched
     BEHIND = 4 * 2**20  # this far behind the furthest range is "out of order", not a jump
     CONCURRENT = 16  # ... or this many ranges behind it, up to the window: readers fetching at once
@@ -149,26 +154,33 @@ class TargetReadahead:
         """Each stream of ``url``: (where its reads got to, its window)."""
         return [(run.end, run.window) for run in self._runs.of(url)]
 
-    async def lookup(self, url: str, start: int, end: int) -> tuple[memoryview | bytes, bool] | None:
+    async def lookup(self, url: str, start: int, end: int, nursery: Background | trio.Nursery | None = None
+                     ) -> tuple[memoryview | bytes, bool] | None:
         """Bytes [start, end) of ``url`` from prefetched stretches, if they cover them (waiting
         for stretches in flight), and whether those bytes lie in grid blocks handed to
-        ``on_block``."""
+        ``on_block``. A reader that waits is where its stream is (``_asked``: the window
+        is topped up from ``nursery`` now, not once the bytes are in)."""
         cover = self._covering(url, start, end)
         if cover is None:
             return None
+        asked = False
         for stretch in cover:
             need = min(end, stretch.end)
             if not stretch.done.is_set() and stretch.start + stretch.arrived < need:
                 if stretch.run is not None:
                     stretch.run.waited = True
+                if not asked:
+                    asked = True
+                    self._asked(url, start, end, nursery)
                 await stretch.reach(need)  # its part of the stretch, not all of it
         return self._join(cover, start, end)
 
-    def when_arrived(self, url: str, start: int, end: int, call: Callable[[], None]) -> bool:
+    def when_arrived(self, url: str, start: int, end: int, call: Callable[[], None],
+                     nursery: Background | trio.Nursery | None = None) -> bool:
         """For a reader that does not wait in trio (the HTTP front end's handlers on the host
         loop): when stretches in flight cover [start, end) but its bytes have not all
-        arrived, ``call()`` once they have (or the stretch is over) and True; else False
-        (look with ``peek``, or fetch)."""
+        arrived, ``call()`` once they have (or the stretch is over) and True (the reader is
+        where its stream is, as in ``lookup``); else False (look with ``peek``, or fetch)."""
         cover = self._covering(url, start, end)
         if cover is None:
             return False
@@ -176,8 +188,25 @@ class TargetReadahead:
             if stretch.when_arrived(min(end, stretch.end), call):
                 if stretch.run is not None:
                     stretch.run.waited = True
+                self._asked(url, start, end, nursery)
                 return True
         return False
+
+    def _asked(self, url: str, start: int, end: int, nursery: Background | trio.Nursery | None) -> None:
+        """A reader asks for [start, end) from stretches whose bytes are still coming. Its
+        stream's position is where its readers ask, not where bytes have arrived: readers
+        that keep several keys in flight (zarr: up to ten) ask well past the last key
+        served, and a window topped up only from the keys served falls behind them and
+        they miss. The stream moves to ``end`` and tops up now; the read is counted
+        (``note``) once its bytes are there."""
+        if nursery is None or self.max_window <= 0:
+            return
+        span = end - start
+        run = self._runs.find(url, start, lambda r: self._in_run(r, start, span))
+        if run is None or not run.started or run.stopped or end <= run.end:
+            return
+        run.end = end
+        self._extend(url, run, nursery, span)
 
     def peek(self, url: str, start: int, end: int) -> tuple[memoryview | bytes, bool] | None:
         """``lookup`` without waiting: only bytes that have arrived."""
@@ -222,26 +251,41 @@ class TargetReadahead:
         run = self._runs.find(url, start, lambda r: self._in_run(r, start, span))
         if run is None:
             if miss:  # a new stream starts only where reads go to the network
-                self._runs.add(url, Run(end))
+                self._runs.add(url, Run(start, end))
             return
         run.read += span
         if end <= run.end:
             # Behind the furthest range: concurrent readers (zarr fetches several chunks at
-            # once) report ranges out of order. Neither progress nor a jump.
-            return
-        run.end = end
+            # once) report ranges out of order. Neither progress nor a jump -- but before
+            # the stream reads ahead, a range that ends right before its first one (less
+            # than a range apart) is its reader's too: the first keys a reader asks for at
+            # once arrive in any order (trio runs a batch of tasks in either order), and a
+            # streak counted only upward would not start.
+            if run.started or not run.low - span < end <= run.low:
+                return
+            run.low = start
+        else:
+            run.end = end
         run.streak += 1
+        if not run.started and run.end - run.low > self.DENSE * (run.streak + 1) * span:
+            # Its ranges are scattered over more than twice what they cover: a random
+            # reader's, landing near one another now and then. Start again from this one.
+            run.low, run.end, run.streak = start, end, 0
+            return
         if run.streak >= self.MIN_STREAK and not run.stopped:
             if not run.started:
                 run.started = True
                 self.stats.readahead_streams += 1
             self._extend(url, run, nursery, span)
 
-    def _share(self, run: Run) -> int:
-        """The most a stream may keep ahead of its reader: ``max_window`` alone, or its share
-        of ``capacity`` when several streams read ahead (half of it split between those that
-        did in the last ``ACTIVE`` seconds), so that stretches are read before the capacity
-        drops them. Never below ``FIRST_WINDOW``."""
+    def _share(self, run: Run) -> tuple[int, int]:
+        """The most a stream may keep ahead of its reader, and the most it may have in flight:
+        ``max_window`` and ``max_inflight`` alone. When several streams read ahead (those
+        that did in the last ``ACTIVE`` seconds), each gets its share: of ``capacity`` (half
+        of it split between them, so that stretches are read before the capacity drops
+        them; never below ``FIRST_WINDOW``) and of ``max_inflight`` (never below a grid
+        block), so that streams that top up often do not take all the requests in flight
+        and leave the others' readers to miss."""
         now = self.clock()
         active = self._active
         active[run] = now
@@ -252,8 +296,9 @@ class TargetReadahead:
                 break
             del active[oldest]
         if len(active) == 1:
-            return self.max_window
-        return min(self.max_window, max(self.FIRST_WINDOW, self.capacity // (2 * len(active))))
+            return self.max_window, self.max_inflight
+        return (min(self.max_window, max(self.FIRST_WINDOW, self.capacity // (2 * len(active)))),
+                max(self.grid, self.max_inflight // len(active)))
 
     def _in_run(self, run: Run, start: int, span: int) -> bool:
         """Whether a range starting at ``start`` belongs to ``run``: it starts at most
@@ -275,9 +320,12 @@ class TargetReadahead:
     def _extend(self, url: str, run: Run, nursery: Background | trio.Nursery, span: int) -> None:
         ahead = max(run.ahead, run.end)
         link = self.links.of(url)
-        share = self._share(run)
-        # One request (targets/inflight.py: why not smaller ones), within the stream's share.
-        piece = min(self.REQUEST_LIMIT, max(self.grid, share))
+        share, inflight_share = self._share(run)
+        alone = share >= self.max_window
+        # One request (targets/inflight.py: why not smaller ones), within the stream's share;
+        # beside other streams, half its share of the bytes in flight at most: it tops up
+        # with a request while another is still coming.
+        piece = min(self.REQUEST_LIMIT, max(self.grid, share if alone else min(share, inflight_share // 2)))
         lead = ahead - run.end
         if run.window and lead >= run.window // 2 and lead + piece > run.window:
             return  # well ahead of the reader, and a whole request more would pass the window
@@ -296,7 +344,6 @@ class TargetReadahead:
                              link.window(piece, 0, self.max_window) if run.window else 0),
                          share)
         target = run.end + run.window
-        alone = share >= self.max_window
         limit = round_up(target, self.grid)
         stretches = self._stretches.setdefault(url, [])
         while ahead < target:
@@ -315,13 +362,25 @@ class TargetReadahead:
                 stop = round_up(ahead + 1, self.grid)
             if i < len(stretches):
                 stop = min(stop, stretches[i].start)  # up to the next one
-            if self._inflight and self._inflight + stop - ahead > self.max_inflight:
-                break  # all streams together have their most in flight: later
+            # Within the bytes in flight of all streams together, and of this stream's share
+            # unless the others have room to spare: a shorter request (down to a grid block)
+            # when a whole one does not fit -- readers keeping many keys in flight use most
+            # of a share themselves -- or none for now.
+            size = allowed = stop - ahead
+            if self._inflight:
+                allowed = min(allowed, self.max_inflight - self._inflight)
+            if run.inflight and self._inflight + size > self.max_inflight - inflight_share:
+                allowed = min(allowed, inflight_share - run.inflight)
+            if allowed < size:
+                stop = (ahead + max(allowed, 0)) // self.grid * self.grid
+                if stop <= ahead:
+                    break  # later: when bytes in flight have arrived
             stretch = Stretch(ahead, stop, round_up(ahead, self.grid), run)
             bisect.insort(stretches, stretch, key=lambda s: s.start)
             self._fifo.append((url, stretch))
             self._size += stretch.end - stretch.start
             self._inflight += stretch.end - stretch.start
+            run.inflight += stretch.end - stretch.start
             run.fetched += stretch.end - stretch.start
             nursery.start_soon(self._fetch, url, stretch, run)
             ahead = stretch.end
@@ -330,9 +389,20 @@ class TargetReadahead:
 
     async def _fetch(self, url: str, stretch: Stretch, run: Run) -> None:
         ok = False
-        asked = stretch.end - stretch.start
+        pending = stretch.end - stretch.start  # bytes asked for that have not arrived
+
+        def receive(at: int, piece: bytes) -> None:
+            # Bytes that have arrived are no longer in flight: a stream tops up as its
+            # stretch comes in, not only once the whole request (up to 8 MiB) is over.
+            nonlocal pending
+            stretch.receive(at, piece)
+            left = stretch.end - stretch.start - stretch.arrived  # a retry starts again at 0
+            self._inflight += left - pending
+            run.inflight += left - pending
+            pending = left
+
         try:
-            got = await self.fetcher.stream_range(url, stretch.start, stretch.end, stretch.receive)
+            got = await self.fetcher.stream_range(url, stretch.start, stretch.end, receive)
             ended = got < stretch.end - stretch.start
             if ended:  # the target ends here
                 run.stopped = True
@@ -354,7 +424,8 @@ class TargetReadahead:
             self._drop(url, stretch)
             log.debug("readahead of %s bytes %d-%d stopped: %s", url, stretch.start, stretch.end, e)
         finally:
-            self._inflight -= asked
+            self._inflight -= pending
+            run.inflight -= pending
             stretch.settle(ok)
 
     def _drop(self, url: str, stretch: Stretch) -> None:
