@@ -14,9 +14,10 @@ Columns: refmount mounting the repository (its virtual chunks authorised by a ``
 refmount mounting the Parquet set, and icechunk 1.1.21's own store in the reading process
 (``zarr.open_array(session.store)``, the container authorised by
 ``authorize_virtual_chunk_access``). Rows: ready (refmount's CLI from start to return, the
-daemon serving; in-process: repository, session and array opened), RSS at ready (the daemon's
-VmRSS; in-process: the reading process's), a cold zarr read of the first S chunks (seconds and
-MB/s, every byte checked against the file), RSS after it. Each pass is cold: a fresh mount and a
+daemon serving; in-process: icechunk and zarr imported, repository, session and array opened),
+RSS at ready (the daemon's VmRSS; in-process: the reading process's), a cold zarr read of the
+first S chunks (seconds and MB/s, every byte checked against the file), RSS after it. Each
+pass is cold: a fresh mount and a
 fresh ``cache_dir``, a fresh process for icechunk; each cell the median of ``--repeat`` passes.
 """
 
@@ -153,11 +154,11 @@ def child_mount(spec: dict[str, Any]) -> None:
 
 
 def child_inproc(spec: dict[str, Any]) -> None:
-    """icechunk's own store in this process: open (the container authorised), then the read."""
+    """icechunk's own store in this process: import, open (the container authorised), then the read."""
+    t0 = time.perf_counter()
     import icechunk
     import zarr
 
-    t0 = time.perf_counter()
     repo = icechunk.Repository.open(icechunk.local_filesystem_storage(spec["repo"]),
                                     authorize_virtual_chunk_access={CONTAINER: None})
     session = repo.readonly_session(branch="main")
@@ -292,7 +293,7 @@ class Run:
             self.unmount_all()
             nginx.stop()
         mib = self.slab * self.chunk / h.MiB
-        labels = ["ready (s): mount returned / repository and array opened", "RSS at ready (MiB)",
+        labels = ["ready (s): mount returned / imported, repository and array opened", "RSS at ready (MiB)",
                   f"cold zarr read of {self.slab:,} chunks ({mib:,.0f} MiB), s", "cold read, MB/s",
                   "RSS after the read (MiB)"]
         rows = [[label, *(cells[k] for _, cells in columns)] for k, label in enumerate(labels)]
