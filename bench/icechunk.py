@@ -17,8 +17,8 @@ refmount mounting the Parquet set, and icechunk 1.1.21's own store in the readin
 daemon serving; in-process: icechunk and zarr imported, repository, session and array opened),
 RSS at ready (the daemon's VmRSS; in-process: the reading process's), a cold zarr read of the
 first S chunks (seconds and MB/s, every byte checked against the file), RSS after it. Each
-pass is cold: a fresh mount and a
-fresh ``cache_dir``, a fresh process for icechunk; each cell the median of ``--repeat`` passes.
+pass is cold: a fresh mount and a fresh ``cache_dir``, a fresh process for icechunk; each cell
+the median of ``--repeat`` passes.
 """
 
 from __future__ import annotations
