@@ -12,11 +12,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench import catalog, inline, latency, parse, reads, scale, serve, verify, workers
+from bench import catalog, icechunk, inline, latency, parse, reads, scale, serve, verify, workers
 from bench.harness import PY, REPO
 from bench.report import Table, write_json
 
-MODULES: list[ModuleType] = [reads, latency, scale, inline, parse, serve, catalog, verify, workers]
+MODULES: list[ModuleType] = [reads, latency, scale, inline, parse, serve, catalog, verify, workers, icechunk]
 GROUPS = {"reads": list(reads.WORKLOADS)}  # the read-path table: bench run --workloads reads
 
 

@@ -246,6 +246,10 @@ def main(argv: list[str]) -> int:
         from bench.scale import child_inproc as scale_inproc
 
         CHILDREN[kind] = scale_inproc
+    if kind.startswith("icechunk_"):  # the icechunk workload's readers
+        from bench.icechunk import CHILDREN as icechunk_children
+
+        CHILDREN.update(icechunk_children)
     try:
         CHILDREN[kind](json.loads(spec))
     except Exception as e:

@@ -401,7 +401,7 @@ http {{
     keepalive_requests 1000000;
     open_file_cache max=64 inactive=300s;
     server {{
-        listen 127.0.0.1:{port} backlog=4096;
+        listen {host}:{port} backlog=4096;
         server_name localhost;
         root {root};
 {locations}
@@ -438,8 +438,11 @@ class Nginx:
     """nginx with a configuration of its own, in the foreground as our child, stopped by PID."""
 
     def __init__(self, root: Path, run_dir: Path, workers: int | str = "auto",
-                 latency_ms: float = 0.0, rate: str | None = None, access_log: Path | None = None) -> None:
+                 latency_ms: float = 0.0, rate: str | None = None, access_log: Path | None = None,
+                 host: str = "127.0.0.1", port: int = 0) -> None:
         self.root = root
+        self.host = host  # a loopback address
+        self.fixed_port = port  # 0: a free port of 127.0.0.1
         self.access_log = access_log  # one line per request (the requests a peer made), or none
         self.run_dir = run_dir
         self.workers = workers
@@ -454,9 +457,9 @@ class Nginx:
         group = grp.getgrgid(os.getegid()).gr_name
         last = ""
         for _ in range(5):
-            self.port = free_port()
+            self.port = self.fixed_port or free_port()
             conf = self.run_dir / "nginx.conf"
-            conf.write_text(NGINX_CONF.format(user=user, group=group, workers=self.workers,
+            conf.write_text(NGINX_CONF.format(user=user, group=group, workers=self.workers, host=self.host,
                                               run=self.run_dir, port=self.port, root=self.root,
                                               modules=ECHO_MODULE if self.latency_ms > 0 else "",
                                               access=f"access_log {self.access_log};" if self.access_log
@@ -471,7 +474,7 @@ class Nginx:
                 )
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and self.proc.poll() is None:
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
+                with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), 0.2):
                     return
                 time.sleep(0.05)
             last = (self.run_dir / "nginx.stderr").read_text(errors="replace")
@@ -479,7 +482,7 @@ class Nginx:
         raise RuntimeError(f"nginx did not start: {last[-1000:]}")
 
     def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{name}"
+        return f"http://{self.host}:{self.port}/{name}"
 
     def requests(self) -> int:
         """The requests answered so far (with ``access_log``; 0 without)."""
