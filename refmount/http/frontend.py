@@ -366,7 +366,8 @@ class HttpFrontEnd(PathPlanner):
         the set has none."""
         assert found.node is not None
         tree = self.core.tree
-        synthesize = not found.key and await tree.lookup(tree.root, b".zmetadata") is None
+        synthesize = (not found.key and await tree.lookup(tree.root, b".zmetadata") is None
+                      and await self._synthesizes_zmetadata())
         async with aclosing(tree.entries(found.node)) as entries:
             async for name, _ino, is_dir, _next, size in entries:
                 if synthesize and name > b".zmetadata":

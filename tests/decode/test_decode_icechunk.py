@@ -143,3 +143,24 @@ def test_serve_decode_gives_xarray_the_repository_over_http(built, authorise, se
         got = xr.open_zarr(s.url, consolidated=True, zarr_format=2).load()
     xr.testing.assert_identical(got.drop_vars("virtual"), want)
     np.testing.assert_array_equal(got["virtual"].values, ncdump_file_values(built))
+    # the consolidated metadata holds the v2 view's documents, each as served on its own
+    consolidated = json.loads(s.request("GET", "/.zmetadata").body)["metadata"]
+    assert {".zgroup", ".zattrs", "temp/.zarray", "temp/.zattrs", "sharded/.zarray", "virtual/.zarray",
+            "time/.zarray"} <= set(consolidated)
+    assert not any(k.endswith("zarr.json") for k in consolidated)
+    for key in ("temp/.zarray", "temp/.zattrs", "sharded/.zarray", ".zattrs"):
+        assert consolidated[key] == json.loads(s.request("GET", f"/{key}").body), key
+    assert consolidated["temp/.zattrs"]["_ARRAY_DIMENSIONS"] == ["time", "lat", "lon"]
+
+
+def test_serve_without_decode_synthesizes_no_v2_zmetadata(built, authorise, serve):
+    s = serve(built.root, authorise)
+    assert s.request("GET", "/.zmetadata").status == 404
+    assert s.request("GET", "/zarr.json").status == 200
+    assert b".zmetadata" not in s.request("GET", "/").body
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # zarr warns of an object it does not recognise (a v2 .zmetadata in a v3 group)
+        warnings.filterwarnings("error", message=".*not recognized.*")
+        got = xr.open_zarr(s.url.rstrip("/"), zarr_format=3, consolidated=False).load()
+    np.testing.assert_array_equal(got["temp"].values, built.dataset["temp"].values)
