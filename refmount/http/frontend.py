@@ -53,12 +53,15 @@ from refmount.targets.filesystems import await_task
 
 log = logging.getLogger(__name__)
 
-__all__ = ["STATS_PATH", "HttpFrontEnd", "ServerStats"]
+__all__ = ["INFO_IN_STATS", "STATS_PATH", "HttpFrontEnd", "ServerStats"]
 
 LISTING_BATCH = 1024  # directory entries taken from the tree at a time
 WRITE_PIECE = 1 << 18  # bytes handed to the transport at a time (a slow client holds ~this)
 CONDITION_HEADERS = ("Range", "If-Range", "If-None-Match", "If-Modified-Since")
 STATS_PATH = "/.refmount/stats"  # the server's counters (JSON); never a key of the set
+# what the counters say of the set served (its core's info): an Icechunk repository's revision too
+INFO_IN_STATS = ("source", "format", "keys", "repository", "format_version", "revision", "snapshot",
+                 "snapshot_time")
 ALLOWED = "GET, HEAD, OPTIONS"
 UNAVAILABLE = "not served: what it would be made from is past the bounds of the server (see its log)"
 
@@ -425,7 +428,7 @@ class HttpFrontEnd(PathPlanner):
         server["http_status"] = dict(self.stats.http_status)
         server["http_connections"] = len(self._server.connections)
         stats.update(server)
-        for name in ("source", "format", "keys"):
+        for name in INFO_IN_STATS:
             if name in self.core.info:
                 stats[name] = self.core.info[name]
         return stats
