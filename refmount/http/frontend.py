@@ -53,13 +53,16 @@ from refmount.targets.filesystems import await_task
 
 log = logging.getLogger(__name__)
 
-__all__ = ["STATS_PATH", "HttpFrontEnd", "ServerStats"]
+__all__ = ["INFO_IN_STATS", "STATS_PATH", "HttpFrontEnd", "ServerStats"]
 
 LISTING_BATCH = 1024  # directory entries taken from the tree at a time
 LISTING_THREADS = 4  # pieces of listings made at once (each in a worker thread)
 WRITE_PIECE = 1 << 18  # bytes handed to the transport at a time (a slow client holds ~this)
 CONDITION_HEADERS = ("Range", "If-Range", "If-None-Match", "If-Modified-Since")
 STATS_PATH = "/.refmount/stats"  # the server's counters (JSON); never a key of the set
+# what the counters say of the set served (its core's info): an Icechunk repository's revision too
+INFO_IN_STATS = ("source", "format", "keys", "repository", "format_version", "revision", "snapshot",
+                 "snapshot_time")
 ALLOWED = "GET, HEAD, OPTIONS"
 UNAVAILABLE = "not served: what it would be made from is past the bounds of the server (see its log)"
 
@@ -367,7 +370,8 @@ class HttpFrontEnd(PathPlanner):
         the set has none."""
         assert found.node is not None
         tree = self.core.tree
-        synthesize = not found.key and await tree.lookup(tree.root, b".zmetadata") is None
+        synthesize = (not found.key and await tree.lookup(tree.root, b".zmetadata") is None
+                      and await self._synthesizes_zmetadata())
         async with aclosing(tree.entries(found.node)) as entries:
             async for name, _ino, is_dir, _next, size in entries:
                 if synthesize and name > b".zmetadata":
@@ -425,7 +429,7 @@ class HttpFrontEnd(PathPlanner):
         server["http_status"] = dict(self.stats.http_status)
         server["http_connections"] = len(self._server.connections)
         stats.update(server)
-        for name in ("source", "format", "keys"):
+        for name in INFO_IN_STATS:
             if name in self.core.info:
                 stats[name] = self.core.info[name]
         return stats

@@ -142,7 +142,7 @@ class PathPlanner:
                 return None
             node = await tree.lookup(node, name)
             if node is None:
-                if names == [b".zmetadata"]:
+                if names == [b".zmetadata"] and await self._synthesizes_zmetadata():
                     data = await self._synthesized_zmetadata()
                     if data is None:
                         raise Unavailable
@@ -178,6 +178,9 @@ class PathPlanner:
                 return None
             node = tree.find(node, name)
             if node is None:
+                if (names == [b".zmetadata"] and self.core.view is None
+                        and tree.find(tree.root, b"zarr.json") is not None):
+                    return None  # a Zarr v3 set shown as stored: no v2 .zmetadata
                 if names == [b".zmetadata"]:
                     if self._zmetadata_refused:
                         raise Unavailable
@@ -305,6 +308,13 @@ class PathPlanner:
         stats.bytes_read += len(data)
         return data
 
+
+    async def _synthesizes_zmetadata(self) -> bool:
+        """Whether a ``.zmetadata`` is synthesized for a set that has none: not for a Zarr v3
+        set (a ``zarr.json`` at its root) shown as stored, whose clients read no v2 consolidated
+        metadata; under ``-o decode`` its v2 view's documents are consolidated."""
+        tree = self.core.tree
+        return self.core.view is not None or await tree.lookup(tree.root, b"zarr.json") is None
 
     async def _synthesized_zmetadata(self) -> bytes | None:
         """The consolidated metadata of a set that has none, made once (in a worker thread,

@@ -17,7 +17,7 @@ from aiohttp.web_request import BaseRequest
 from refmount.base.stats import Stats
 from refmount.base.triocall import TrioCaller
 from refmount.http import listing
-from refmount.http.frontend import HttpFrontEnd
+from refmount.http.frontend import INFO_IN_STATS, HttpFrontEnd
 from refmount.sets.opensets import Sets
 from refmount.sets.setslots import SetEvents, SetUnavailable, SetVersion
 
@@ -107,4 +107,8 @@ class SetsRouter(SetEvents):
         server["http_status"] = dict(front.stats.http_status)
         counters.update(server)
         counters.update(self.describe())
+        slot = self.sets.slot("") if self.single else None
+        if slot is not None and slot.current is not None:  # the version served now (reload swaps it)
+            info = slot.current.core.info
+            counters.update({name: info[name] for name in INFO_IN_STATS if name in info})
         return counters

@@ -224,3 +224,8 @@ def test_serve_decode_gives_xarray_the_v3_set_over_http(v3set, serve):
         assert set(d.variables) == set(orig.variables)  # booleans and char too (zarr's side)
         for v in d.variables:
             xr.testing.assert_identical(d[v].load(), orig[v].load())
+    assert "temp/.zarray" in json.loads(s.request("GET", "/.zmetadata").body)["metadata"]
+    raw = serve(path)  # as stored (zarr.json): no v2 .zmetadata is made up
+    assert raw.request("GET", "/.zmetadata").status == 404
+    assert raw.request("GET", "/zarr.json").status == 200
+    assert b".zmetadata" not in raw.request("GET", "/").body

@@ -148,8 +148,9 @@ def test_reload_follows_the_branch_head(mount, tmp_path_factory) -> None:
     m = mount(built.root, "no_disk_cache", "reload=1")
     first = zarr.open_array(str(m / "native"), mode="r", zarr_format=3)[...]
     np.testing.assert_array_equal(first, built.expected["second"]["native"])
+    assert os.getxattr(m.path, "user.refmount.snapshot").decode() == built.snapshots["second"]
     held = open(m / "native/c/4/0", "rb")  # noqa: SIM115  (open across the reload)
-    ic.commit_more(built.root, built.container, 11)
+    newest = ic.commit_more(built.root, built.container, 11)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         now = zarr.open_array(str(m / "native"), mode="r", zarr_format=3)[...]
@@ -161,9 +162,13 @@ def test_reload_follows_the_branch_head(mount, tmp_path_factory) -> None:
     with held:  # a file open before keeps the snapshot it was opened in
         old = np.frombuffer(held.read(), "<i4").reshape(8, 5)
     np.testing.assert_array_equal(old, built.expected["second"]["native"][32:40, :5])
+    # the root's attributes and stats name the snapshot served now
+    assert os.getxattr(m.path, "user.refmount.snapshot").decode() == newest
     stats = run_cli("stats", str(m.path))
     assert stats.returncode == 0, stats.stderr
-    assert "snapshot" in stats.stdout and "repository" in stats.stdout
+    mounted = [line for line in stats.stdout.splitlines() if line.startswith("snapshot (mounted)")]
+    assert len(mounted) == 1 and mounted[0].split()[-1] == newest, stats.stdout
+    assert "repository" in stats.stdout
     tagged = mount(built.root, "no_disk_cache", "reload=1", "tag=v1")  # a tag does not move
     time.sleep(3)
     np.testing.assert_array_equal(zarr.open_array(str(tagged / "native"), mode="r")[...],
@@ -281,3 +286,29 @@ def test_a_catalogue_directory_serves_a_repository_as_a_set(mount, repo, authori
     assert sorted(os.listdir(m.path)) == ["era5"]
     got = read_all(zarr.open_group(str(m / "era5"), mode="r", zarr_format=3))
     assert_same(got, repo.expected["second"])
+
+
+def test_serve_stats_name_the_snapshot_served_across_a_reload(serve, tmp_path_factory) -> None:
+    built = ic.build_repository(tmp_path_factory.mktemp("icechunk-serve-live") / "repo",
+                                tmp_path_factory.mktemp("icechunk-serve-live-files"))
+
+    def mounted_row(url: str) -> str:
+        r = run_cli("stats", url)
+        assert r.returncode == 0, r.stderr
+        rows = [line for line in r.stdout.splitlines() if line.startswith("snapshot (mounted)")]
+        assert len(rows) == 1, r.stdout
+        return rows[0].split()[-1]
+
+    plain = serve(built.root)
+    assert mounted_row(plain.url) == built.snapshots["second"]
+    s = serve(built.root, "reload=1")
+    assert mounted_row(s.url) == built.snapshots["second"]
+    newest = ic.commit_more(built.root, built.container, 12)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if (zarr.open_array(s.url + "native", mode="r", zarr_format=3)[...] == 12).all():
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"the server still serves the old head\n{s.log.read_text()}")
+    assert mounted_row(s.url) == newest

@@ -177,3 +177,55 @@ def read_local_virtual_with_icechunk(root: Path, container: str) -> np.ndarray:
     repo = icechunk.Repository.open(icechunk.local_filesystem_storage(str(root)),
                                     authorize_virtual_chunk_access={container: None})
     return zarr.open_array(repo.readonly_session(branch="main").store, path="virtual", mode="r")[...]
+
+
+@dataclass
+class Decodable:
+    root: Path
+    netcdf: Path  # the netCDF file the array ``virtual`` reads
+    snapshot: str
+    dataset: Any  # the xarray Dataset written (time, lat, lon, temp)
+    sharded: np.ndarray
+
+
+def build_decodable(root: Path, files_dir: Path, base_url: str = VIRTUAL_BASE) -> Decodable:
+    """A repository as xarray and zarr-python write one: an xarray Dataset (coordinates ``time``,
+    ``lat``, ``lon``; ``temp`` zstd-compressed float32 with a ``_FillValue``, one NaN), the
+    array ``virtual`` (virtual chunks of a netCDF-4 file under ``files_dir``, at ``base_url``)
+    and ``sharded`` (int16, shards of 2 x 6 x 8 holding inner chunks of 1 x 3 x 4, zstd)."""
+    import warnings
+
+    import icechunk
+    import xarray as xr
+    import zarr
+
+    files_dir.mkdir(parents=True, exist_ok=True)
+    values = np.arange(ROWS * COLS, dtype="f4").reshape(ROWS, COLS) * 0.5
+    netcdf = files_dir / "virtual.nc"
+    offset, _ = write_netcdf(netcdf, values)
+    storage = icechunk.local_filesystem_storage(str(root))
+    repo = icechunk.Repository.create(storage, repository_config(f"{base_url}/"))
+    session = repo.writable_session("main")
+    rng = np.random.default_rng(44)
+    temp = (rng.standard_normal((4, 6, 8)) * 10 + 280).astype("f4")
+    temp[1, 2, 3] = np.nan
+    ds = xr.Dataset({"temp": (("time", "lat", "lon"), temp, {"units": "K", "long_name": "temperature"})},
+                    coords={"time": ("time", np.arange(4.0), {"units": "days since 2000-01-01"}),
+                            "lat": ("lat", np.linspace(-50, 50, 6), {"units": "degrees_north"}),
+                            "lon": ("lon", np.linspace(0, 350, 8), {"units": "degrees_east"})},
+                    attrs={"title": "icechunk through -o decode"})
+    ds["temp"].encoding = {"chunks": (2, 3, 4), "_FillValue": np.float32(-9999.0)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds.to_zarr(session.store, zarr_format=3, consolidated=False, mode="w")
+    group = zarr.open_group(session.store, mode="r+")
+    group.create_array("virtual", shape=(ROWS, COLS), chunks=(2, COLS), dtype="f4", compressors=None,
+                       fill_value=0, dimension_names=["y", "x"])
+    virtual_refs(session.store, f"{base_url}/virtual.nc", offset)
+    sharded = rng.integers(-500, 500, (4, 6, 8)).astype("i2")
+    array = group.create_array("sharded", shape=sharded.shape, chunks=(1, 3, 4), shards=(2, 6, 8),
+                               dtype="i2", fill_value=-999, dimension_names=["time", "lat", "lon"],
+                               attributes={"_FillValue": -999})
+    array[...] = sharded
+    snapshot = session.commit("xarray dataset, virtual and sharded arrays")
+    return Decodable(root, netcdf, snapshot, ds, sharded)
