@@ -17,23 +17,22 @@ import numpy as np
 import trio
 
 from refmount.base.errors import ReadError
+from refmount.refs.chunkinodes import AID_BITS as _AID_BITS
+from refmount.refs.chunkinodes import CHUNK as _CHUNK
+from refmount.refs.chunkinodes import CHUNK_TOKEN as _CHUNK_TOKEN
+from refmount.refs.chunkinodes import LEVEL_BITS as _LEVEL_BITS
+from refmount.refs.chunkinodes import P_MASK as _P_MASK
+from refmount.refs.chunkinodes import chunk_ino as _chunk_ino
+from refmount.refs.chunkinodes import split_ino
 from refmount.refs.model import Ref
 from refmount.refs.parquetset import ArraySpec, ParquetSet, RecordCache
 from refmount.refs.tree import Entry, KeyTree, Node
 
-_CHUNK = 1 << 62
-_P_BITS, _LEVEL_BITS, _AID_BITS = 40, 6, 16
-_P_MASK = (1 << _P_BITS) - 1
-_CHUNK_TOKEN = 1 << 41  # readdir tokens above this enumerate chunks
 _DECIMAL = re.compile(rb"0|[1-9][0-9]{0,18}")
 ENTRY_BATCH = 256  # chunk names made at a time while listing
 MAX_EMPTY_RECORDS = 64  # record files in a row without a key one listing request looks through
 
 log = logging.getLogger(__name__)
-
-
-def _chunk_ino(aid: int, level: int, p: int) -> int:
-    return _CHUNK | (aid << (_P_BITS + _LEVEL_BITS)) | (level << _P_BITS) | p
 
 
 def _decimal(name: bytes, bound: int) -> int | None:
@@ -77,8 +76,8 @@ class ChunkTree:
 
     # ---- nodes --------------------------------------------------------------------------
     def _decode(self, ino: int) -> tuple[ArraySpec, int, int, int]:
-        aid = (ino >> (_P_BITS + _LEVEL_BITS)) & ((1 << _AID_BITS) - 1)
-        return self.arrays[aid], aid, (ino >> _P_BITS) & ((1 << _LEVEL_BITS) - 1), ino & _P_MASK
+        aid, level, p = split_ino(ino)
+        return self.arrays[aid], aid, level, p
 
     def _nested(self, array: ArraySpec) -> bool:
         return array.separator == "/" and array.ndim > 1
@@ -86,7 +85,7 @@ class ChunkTree:
     def node(self, ino: int) -> Node | None:
         if not ino & _CHUNK:
             return self.meta.node(ino)
-        aid = (ino >> (_P_BITS + _LEVEL_BITS)) & ((1 << _AID_BITS) - 1)
+        aid = split_ino(ino)[0]
         if aid >= len(self.arrays):
             return None
         array, aid, level, p = self._decode(ino)

@@ -25,26 +25,23 @@ import trio
 from refmount.base.errors import FetchError, ReadError
 from refmount.base.lru import LRU
 from refmount.base.redact import redact_url
+from refmount.refs.chunkinodes import AID_BITS as _AID_BITS
+from refmount.refs.chunkinodes import CHUNK as _CHUNK
+from refmount.refs.chunkinodes import CHUNK_TOKEN as _CHUNK_TOKEN
+from refmount.refs.chunkinodes import chunk_ino as _chunk_ino
+from refmount.refs.chunkinodes import split_ino
 from refmount.refs.icechunk.keys import ChunkKeys
 from refmount.refs.icechunk.repository import ChunkRef
 from refmount.refs.index import KeyIndex
 from refmount.refs.model import Ref, ReferenceSetError
 from refmount.refs.tree import Entry, KeyTree, Node
 
-_CHUNK = 1 << 62
-_P_BITS, _LEVEL_BITS, _AID_BITS = 40, 6, 16
-_P_MASK = (1 << _P_BITS) - 1
-_CHUNK_TOKEN = 1 << 41  # readdir tokens above this enumerate chunks
 ENTRY_BATCH = 256  # entries made between checkpoints while listing
 LISTING_BYTES = 256 << 20  # arrays' chunk listings kept (16 bytes a chunk)
 LOOKUPS = 65536  # chunk references kept from lookups
 THREADS = 4  # manifest reads at once
 
 log = logging.getLogger(__name__)
-
-
-def _chunk_ino(aid: int, level: int, p: int) -> int:
-    return _CHUNK | (aid << (_P_BITS + _LEVEL_BITS)) | (level << _P_BITS) | p
 
 
 @dataclass(frozen=True)
@@ -159,8 +156,7 @@ class IcechunkTree:
 
     # ---- nodes ----------------------------------------------------------------------------
     def _decode(self, ino: int) -> tuple[int, int, int]:
-        return ((ino >> (_P_BITS + _LEVEL_BITS)) & ((1 << _AID_BITS) - 1),
-                (ino >> _P_BITS) & ((1 << _LEVEL_BITS) - 1), ino & _P_MASK)
+        return split_ino(ino)
 
     def _file_depth(self, aid: int) -> int:
         return self._array_dir[aid].depth + self.arrays[aid].keys.levels + 1
