@@ -21,8 +21,8 @@ if [ $# -gt 0 ]; then
     exec .venv/bin/python -m pytest tests -q "$@"
 fi
 
-echo "test: pytest tests/unit -q"
-.venv/bin/python -m pytest tests/unit -q
+echo "test: pytest tests/unit -q -n 2"
+.venv/bin/python -m pytest tests/unit -q -n 2
 
 echo "test: pytest tests -q --ignore=tests/unit -n 2 --dist loadfile"
 exec .venv/bin/python -m pytest tests -q --ignore=tests/unit -n 2 --dist loadfile

@@ -16,11 +16,11 @@ import contextlib
 import errno
 import functools
 import logging
+import sys
 from typing import Any
 from urllib.parse import urlsplit
 
 import trio
-from fsspec.implementations.http import HTTPFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
 
@@ -40,6 +40,14 @@ from refmount.targets.retries import Retries
 from refmount.targets.rules import TargetRules
 
 log = logging.getLogger(__name__)
+
+
+def is_http(fs: AbstractFileSystem) -> bool:
+    """Whether ``fs`` is fsspec's HTTP filesystem, without importing it (and aiohttp, a few
+    tenths of a second of every daemon's start) for a set whose targets are not on HTTP: no
+    instance exists before fsspec has imported the module."""
+    module = sys.modules.get("fsspec.implementations.http")
+    return module is not None and isinstance(fs, module.HTTPFileSystem)
 
 
 class _Wanted(Flight[bytes]):
@@ -238,7 +246,7 @@ class Fetcher(FileSystems, Retries):
             """The bytes of the pinned version only: checked on the response (HTTP), the
             descriptor (local files) or the object version (s3 with a version id); other
             stores are asked for the version before and after the read."""
-            if isinstance(fs, HTTPFileSystem | LocalFileSystem):
+            if is_http(fs) or isinstance(fs, LocalFileSystem):
                 return await plain_op(target, fs, path)
             if pin.version_id is not None and protocol(self.policy.full_url(target)) in ("s3", "s3a"):
                 return await plain_op(target, fs, path, version_id=pin.version_id)
@@ -248,7 +256,7 @@ class Fetcher(FileSystems, Retries):
             return data
 
         async def plain_op(target: str, fs: AbstractFileSystem, path: str, **version: Any) -> bytes | int:
-            if isinstance(fs, HTTPFileSystem):
+            if is_http(fs):
                 reason = self.policy.problem(target, resolve=False)
                 if reason:
                     raise FetchError(target, reason, errno.EACCES)
@@ -281,7 +289,7 @@ class Fetcher(FileSystems, Retries):
                 raise FetchError(url, f"bytes {start}-{end}: backend returned {type(data)}")
             if upto and not data:
                 raise ValueError(f"nothing at {start}: past the end of the target")
-            if len(data) < want and not upto and not isinstance(fs, HTTPFileSystem):
+            if len(data) < want and not upto and not is_http(fs):
                 # Short: past the end of the target, or a short answer (retried)?
                 info = await self._call(target, fs, "info", path)
                 past = past_end(url, start, end, info.get("size"), bytes(data))
@@ -345,7 +353,7 @@ class Fetcher(FileSystems, Retries):
 
         async def op(target: str) -> Version:
             fs, path = await self._open(rule, target)
-            if isinstance(fs, HTTPFileSystem):
+            if is_http(fs):
                 reason = self.policy.problem(target, resolve=False)
                 if reason:
                     raise FetchError(target, reason, errno.EACCES)
