@@ -76,28 +76,41 @@ class PinTableBuilder:
     def add(self, url: str, version: Version) -> None:
         """Add the pin of ``url``. ValueError when a number does not fit (a size of 2^64 or
         more, a modification time outside 64 bits)."""
-        if version.size is None or not 0 <= version.size < 1 << 64:
+        if version.size is None:
+            raise ValueError("\"size\" is missing")
+        self.add_fields(url, version.size, version.etag, version.last_modified, version.version_id,
+                        version.mtime_ns)
+
+    def add_fields(self, url: str, size: int, etag: str | None, last_modified: str | None,
+                   version_id: str | None, mtime_ns: int | None) -> None:
+        """``add`` of the fields of a ``Version`` (what a pin file's parse calls, without
+        making the ``Version``)."""
+        if not 0 <= size < 1 << 64:
             raise ValueError("\"size\" is too large")
-        if version.mtime_ns is not None and not -(1 << 63) <= version.mtime_ns < 1 << 63:
+        if mtime_ns is not None and not -(1 << 63) <= mtime_ns < 1 << 63:
             raise ValueError("\"mtime_ns\" is too large")
-        if len(self._blob) >= 1 << 32:
+        blob = self._blob
+        if len(blob) >= 1 << 32:
             raise ValueError("too many pins")
-        key = _text(url)
+        key = url.encode("utf-8", "surrogatepass")
+        hasher = self._hasher.copy()  # type: ignore[attr-defined]
+        hasher.update(key)
+        self._hashes.append(int.from_bytes(hasher.digest(), "little", signed=True))
+        start = len(blob)
+        self._starts.append(start)
+        blob += _HEAD.pack(0, size, len(key))
+        blob += key
         flags = 0
-        parts = [b""]
-        for bit, name in enumerate(_STRINGS):
-            value = getattr(version, name)
+        for bit, value in ((1, etag), (2, last_modified), (4, version_id)):  # _STRINGS' order
             if value is not None:
-                flags |= 1 << bit
-                data = _text(value)
-                parts.append(_LEN.pack(len(data)) + data)
-        if version.mtime_ns is not None:
+                flags |= bit
+                data = value.encode("utf-8", "surrogatepass")
+                blob += _LEN.pack(len(data))
+                blob += data
+        if mtime_ns is not None:
             flags |= _HAS_MTIME
-            parts.append(_MTIME.pack(version.mtime_ns))
-        parts[0] = _HEAD.pack(flags, version.size, len(key)) + key
-        self._starts.append(len(self._blob))
-        self._hashes.append(_hash(self._hasher, url))
-        self._blob += b"".join(parts)
+            blob += _MTIME.pack(mtime_ns)
+        blob[start] = flags
 
     def build(self) -> PinTable:
         hashes = np.frombuffer(self._hashes, dtype=np.int64) if self._hashes else np.empty(0, np.int64)
