@@ -16,10 +16,12 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from refmount.base.errors import ConfigError, MountError
-from refmount.targets.pintable import PinTable, PinTableFileError, map_table
+
+if TYPE_CHECKING:  # numpy, which starting a mount does not load before it parses
+    from refmount.targets.pintable import PinTable
 
 
 def hand_over_pins(cfg: Any) -> None:
@@ -51,6 +53,8 @@ def hand_over_pins(cfg: Any) -> None:
 
 
 def _mapped(cfg: Any) -> PinTable:
+    from refmount.targets.pintable import PinTableFileError, map_table
+
     try:
         return map_table(cfg.pins_table)
     except (OSError, PinTableFileError) as e:
