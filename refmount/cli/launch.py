@@ -30,6 +30,7 @@ from refmount.serving.preparation import (
     index_source,
     remove_temporary,
 )
+from refmount.targets.pinhandover import remove_pins_table
 from refmount.targets.policy import TargetRefused
 
 log = logging.getLogger("refmount")
@@ -42,6 +43,14 @@ def serve_in_foreground(cfg: MountConfig, checks: Callable[[], None], module: st
     """``-f``: this process serves (``run(module, index_file, log_target)``, ``module`` the
     serving process's: ``refmount.fuse.daemon`` or ``refmount.http.daemon``) from an index that a
     child process parsed (see serving/indexer.py), so that it never holds the parser's heap."""
+    try:
+        return _in_foreground(cfg, checks, module, run)
+    finally:
+        remove_pins_table(cfg)  # what serves removed it once mapped, unless it failed before
+
+
+def _in_foreground(cfg: MountConfig, checks: Callable[[], None], module: str,
+                   run: Callable[[ModuleType, IndexFile, str], int]) -> int:
     from refmount.sets.setmount import check_catalog
 
     try:
@@ -94,6 +103,7 @@ def serve_detached(cfg: MountConfig, checks: Callable[[], None],
             launcher.abort()
         if index_file is not None:
             remove_temporary(index_file)  # it holds every target URL of the refused set
+        remove_pins_table(cfg)
         if isinstance(e, ReferenceSetError | MountError | TargetRefused):
             return fail(str(e))
         if isinstance(e, MemoryError):
@@ -162,6 +172,7 @@ class DaemonLauncher:
                 if on_ready is not None:
                     on_ready(message.partition(" ")[2])
                 return 0
+            remove_pins_table(cfg)  # the daemon removes it once mapped, unless it failed before
             return self._failed(message, index_file)
         finally:
             self._close()

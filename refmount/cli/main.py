@@ -28,9 +28,7 @@ from refmount.config import MountConfig, apply_options, did_you_mean, options_he
 from refmount.fuse.mountpoint import check_mountpoint, recover_stale_mount
 from refmount.refs import ReferenceSetError
 from refmount.serving.logsetup import stderr_warnings
-from refmount.serving.preparation import (
-    check_pins,
-)
+from refmount.targets.pinhandover import hand_over_pins
 from refmount.targets.policy import TargetRefused
 
 log = logging.getLogger("refmount")
@@ -195,7 +193,7 @@ def _run_serve(argv: list[str]) -> int:
     stderr_warnings()
 
     def checks() -> None:
-        check_pins(cfg)
+        hand_over_pins(cfg)  # parsed once, its table handed to what serves
         if cfg.disk_cache:
             check_cache_dir(cfg.cache_dir)  # before anything is written there
 
@@ -382,7 +380,7 @@ def _run(args: argparse.Namespace, credentials_warning: str | None = None) -> in
         if cfg.recover:
             recover_stale_mount(cfg.mountpoint)
         check_mountpoint(cfg.mountpoint, cfg.nonempty)
-        check_pins(cfg)
+        hand_over_pins(cfg)  # parsed once, its table handed to what serves
         if cfg.disk_cache:
             check_cache_dir(cfg.cache_dir)  # before anything is written there
 

@@ -224,6 +224,9 @@ class _MountBase:
     # a catalogue's set in a shared mount: its local SOURCE files are opened beneath these
     # directories (the catalogue's, or allow_local), no symlink followed
     source_roots: list[str] | None = None
+    # -o pins: the table the CLI parsed the pin file into, for the serving process to map
+    # (targets/pinhandover.py)
+    pins_table: str | None = None
 
     def local_roots(self) -> list[str]:
         """Directories local targets may lie under (``allow_local``, or its default)."""

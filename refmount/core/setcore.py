@@ -52,6 +52,7 @@ from refmount.refs.limits import Limits
 from refmount.refs.tree import KeyTree, Tree
 from refmount.targets.credentials import RuleCredentials
 from refmount.targets.fetch import Fetcher
+from refmount.targets.pinhandover import serving_pins
 from refmount.targets.pins import Pins
 from refmount.targets.policy import target_policy
 from refmount.targets.rules import Rule, TargetRules, with_own_objects
@@ -253,7 +254,7 @@ def disk_cache_key(fetcher: Fetcher) -> Callable[[str], str]:
 def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
     """The core of one set from its configuration and prepared index, not yet running."""
     stats = Stats(shared=bool(cfg.allow_other or cfg.allow_root or cfg.serving))  # last_error: fixed texts
-    pins = Pins.load(cfg.pins, stats) if cfg.pins else None
+    pins = Pins(serving_pins(cfg), cfg.pins, stats) if cfg.pins else None
     if pins is None and cfg.virtual_pins:  # versions recorded with references (Icechunk)
         pins = Pins({}, "the reference", stats, required=False)
     policy = target_policy(cfg)

@@ -1,13 +1,15 @@
 """What the decoded view (``-o decode``) may parse and synthesize, in all, for one set.
 
-The view rewrites a set's ``.zarray``, ``.zattrs`` and ``.zmetadata`` keys (decode/view.py). Each
+The view rewrites a set's ``.zarray``, ``.zattrs`` and ``.zmetadata`` keys (decode/view.py) and
+shows each Zarr v3 ``zarr.json`` as v2 documents (decode/v3view.py). Each
 document is parsed only under its own cap, but a set may hold any number of them, and a
 rewritten document may be larger than the one it comes from (``indent=4``, typed numbers). So
 the whole view is built within the bounds the server's synthesized ``.zmetadata`` is
 (core/consolidated.py) and a Parquet set's ``.zmetadata`` is read under (refs/zmetadata.py):
 
-* at most ``MAX_BYTES`` of metadata read (keys' names and the documents parsed) and, apart, of
-  metadata written (the rewritten documents kept);
+* at most ``MAX_BYTES`` of metadata read (keys' names and the documents parsed, ``zarr.json``
+  included) and, apart, of metadata written (the rewritten documents kept, and the v2
+  documents made for v3 nodes);
 * at most ``MAX_VALUES`` JSON values parsed (each key one, and every ``{``, ``[`` and ``,`` of
   a document one more: an upper bound on the Python objects its parse makes).
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from refmount.decode.codecplan import DecodedArray
+from refmount.decode.metadatabound import MetadataBudget
 from refmount.decode.sharding import ShardLayout, sharding_layout
 from refmount.decode.v3codecs import V3Chain
 from refmount.decode.zarrv3 import (
@@ -150,7 +151,11 @@ class MergedMetadata(Mapping[str, Any]):
 class V3Layout:
     """The v3 nodes of a set (from its ``zarr.json`` keys) and the v2 documents shown for them."""
 
-    def __init__(self, metadata: Mapping[str, Any], max_chunk_bytes: int) -> None:
+    def __init__(self, metadata: Mapping[str, Any], max_chunk_bytes: int,
+                 budget: MetadataBudget | None = None) -> None:
+        """Every ``zarr.json`` parsed, and every v2 document made, within ``budget`` (the
+        view's: decode/metadatabound.py; DecodedMetadataRefused past it)."""
+        budget = budget if budget is not None else MetadataBudget()
         self.groups: dict[str, V3Group] = {}  # path -> group (implicit ones too)
         self.metas: dict[str, V3ArrayMeta] = {}
         self.plans: dict[str, V3Array] = {}  # arrays served decoded
@@ -170,6 +175,7 @@ class V3Layout:
                 if len(data) > MAX_ZARR_JSON_BYTES:
                     raise V3Error(f"zarr.json is {len(data):,} bytes, more than the "
                                   f"{MAX_ZARR_JSON_BYTES:,} it is parsed up to")
+                budget.parse(data)
                 try:
                     doc = json.loads(bytes(data))
                 except ValueError:
@@ -188,8 +194,9 @@ class V3Layout:
                 continue
             self.plans[path] = array
             prefix = f"{path}/" if path else ""
-            self.docs[prefix + ".zarray"] = json.dumps(v2_array(node, list(array.grid_chunks))).encode()
-            self.docs[prefix + ".zattrs"] = json.dumps(v2_attrs(node)).encode()
+            self.docs[prefix + ".zarray"] = budget.write(
+                json.dumps(v2_array(node, list(array.grid_chunks))).encode())
+            self.docs[prefix + ".zattrs"] = budget.write(json.dumps(v2_attrs(node)).encode())
         for path in list(self.groups) + list(self.plans):
             head = path
             while head:
@@ -205,8 +212,8 @@ class V3Layout:
             self.refused[path or "/"] = f"more than {MAX_NODES:,} v3 groups and arrays in the set"
         for path, group in self.groups.items():
             prefix = f"{path}/" if path else ""
-            self.docs[prefix + ".zgroup"] = b'{\n    "zarr_format": 2\n}'
-            self.docs[prefix + ".zattrs"] = json.dumps(v2_attrs(group)).encode()
+            self.docs[prefix + ".zgroup"] = budget.write(b'{\n    "zarr_format": 2\n}')
+            self.docs[prefix + ".zattrs"] = budget.write(json.dumps(v2_attrs(group)).encode())
 
     def __bool__(self) -> bool:
         return bool(self.groups or self.metas or self.refused)

@@ -122,7 +122,7 @@ class DecodedView:
                budget: MetadataBudget) -> None:
         nc_shown: dict[str, NcArray] = {}  # array path -> as netCDF-C is shown it
         # Zarr v3: each zarr.json shown as v2 documents (decode/v3view.py)
-        self.v3 = V3Layout(metadata, max_chunk_bytes)
+        self.v3 = V3Layout(metadata, max_chunk_bytes, budget)
         for path, why in self.v3.refused.items():
             self.skipped[path] = why
             self.left_out[path] = f"not decoded: {why}"

@@ -3,7 +3,8 @@ detached daemon) and the indexer child (``refmount -f``, serving/indexer.py) bot
 
 ``index_source`` parses or validates SOURCE in its format (``refs.prepare_index``) under the
 mount's limits; ``check_index_targets`` refuses the set if a target known before mounting may
-not be read (or, with ``-o pins``, is not pinned; ``check_pins``: the pin file parses);
+not be read (or, with ``-o pins``, is not pinned: against the table the CLI parsed the pin
+file into, targets/pinhandover.py);
 ``advise_on_decoding`` says on stderr which arrays ``-o decode`` serves as
 referenced, or that some would need it; ``remove_temporary`` drops an index file that no
 process will map (it holds every target URL of the set).
@@ -15,12 +16,12 @@ import contextlib
 import os
 import sys
 
-from refmount.base.errors import ConfigError, MountError
 from refmount.base.progress import Progress
 from refmount.base.redact import redact_url
 from refmount.config import MountConfig
 from refmount.refs import IndexFile, format_named, named_format, prepare_index, revision_of
 from refmount.refs.limits import Limits
+from refmount.targets.pinhandover import pins_for_check
 from refmount.targets.policy import TargetRefused, check_targets
 
 
@@ -59,25 +60,12 @@ def _check_confined_source(source: str, roots: list[str]) -> None:
     os.close(fd)
 
 
-def check_pins(cfg: MountConfig) -> None:
-    """With ``-o pins``: the pin file can be read and parsed (a MountError otherwise)."""
-    if cfg.pins:
-        from refmount.targets.pins import read_pins
-
-        try:
-            read_pins(cfg.pins)
-        except ConfigError as e:
-            raise MountError(str(e)) from None
-
-
 def check_index_targets(cfg: MountConfig, index_file: IndexFile) -> None:
     """Refuse the set if a target known before mounting may not be read (TargetRefused), or,
     with ``-o pins``, is not pinned."""
     targets = format_named(index_file.kind).targets(index_file)
     if cfg.pins:
-        from refmount.targets.pins import read_pins
-
-        pins = read_pins(cfg.pins)
+        pins = pins_for_check(cfg)
         targets = list(targets)
         unpinned = [(url, key_of) for url, key_of in targets if url not in pins]
         if unpinned:

@@ -143,7 +143,21 @@ def _parse_stream(open_stream: Callable[[], IO[bytes]], where: str) -> PinTable:
             raise ConfigError(f"pins: {where}: \"targets\" must be an object of target URL -> pin")
         pins = PinTableBuilder()
         with open_stream() as f:
+            add = pins.add_fields
             for url, entry in ijson.kvitems(JsonReader(f, where, limits), "targets", use_float=True):
+                if type(entry) is dict and entry.keys() <= _FIELD_SET:  # the usual pin, at once
+                    size, mtime_ns = entry.get("size"), entry.get("mtime_ns")
+                    etag, modified, version_id = (entry.get("etag"), entry.get("last_modified"),
+                                                  entry.get("version_id"))
+                    if (type(size) is int and size >= 0 and (mtime_ns is None or type(mtime_ns) is int)
+                            and (etag is None or type(etag) is str)
+                            and (modified is None or type(modified) is str)
+                            and (version_id is None or type(version_id) is str)):
+                        try:
+                            add(url, size, etag, modified, version_id, mtime_ns)
+                        except ValueError as e:
+                            raise ConfigError(f"pins: {where}: the pin of {redact_url(url)!r}: {e}") from None
+                        continue
                 if not isinstance(entry, dict):
                     raise ConfigError(f"pins: {where}: the pin of {redact_url(url)!r} must be an "
                                       f"object with the fields {', '.join(_FIELDS)}")

@@ -233,3 +233,35 @@ def test_s3_pins_read_a_versioned_object_by_its_version_and_refuse_others(mount,
             assert read_or_errno(m / f"a/{i}") == errno.EIO
             assert (m / f"b/{i}").read_bytes() == two[i * CHUNK:(i + 1) * CHUNK]
         assert len(log_lines(m, "s3://plain/a.bin is not its pinned version")) == 1
+
+
+def test_the_table_of_a_pin_file_is_handed_over_and_left_nowhere(mount, serve, tmp_path, monkeypatch) -> None:
+    """The CLI parses ``-o pins=FILE`` once and hands its table to what serves in a private
+    temporary file (targets/pinhandover.py): what serves removes it once mapped, and a start
+    refused after it was written (a target not pinned), detached or ``-f``, mount or serve,
+    removes it too."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    (tmp_path / "t.bin").write_bytes(b"t" * 10)
+    (tmp_path / "u.bin").write_bytes(b"u" * 10)
+    source = tmp_path / "refs.json"
+    source.write_text(json.dumps({"k/0": [str(tmp_path / "t.bin"), 0, 10]}))
+    pins = tmp_path / "pins.json"
+    assert run_cli("verify", source, "--pin", pins).returncode == 0
+    m = mount(source, f"pins={pins}", "no_disk_cache")
+    assert (m / "k/0").read_bytes() == b"t" * 10
+    served = serve(source, f"pins={pins}")
+    assert served.request("GET", "/k/0").body == b"t" * 10
+    assert not list(runtime.iterdir()), f"left behind while serving: {list(runtime.iterdir())}"
+    unpinned = tmp_path / "unpinned.json"
+    unpinned.write_text(json.dumps({"k/0": [str(tmp_path / "t.bin"), 0, 10],
+                                    "k/1": [str(tmp_path / "u.bin"), 0, 10]}))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for foreground in ([], ["-f"]):
+        r = run_cli(unpinned, mnt, "-o", f"pins={pins},no_disk_cache", *foreground)
+        assert r.returncode == 1 and "not pinned" in r.stderr, r.stderr
+        r = serve_cli(unpinned, f"pins={pins}", "no_disk_cache", foreground=bool(foreground))
+        assert r.returncode == 1 and "not pinned" in r.stderr, r.stderr
+        assert not list(runtime.iterdir()), f"left behind: {list(runtime.iterdir())}"

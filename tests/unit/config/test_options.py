@@ -74,7 +74,7 @@ def test_dataclass_follows_the_table():
     cfg = MountConfig()
     fields = {f.name for f in dataclasses.fields(MountConfig)}
     assert fields == {o.attr for o in OPTIONS} | {"source", "mountpoint", "foreground", "serving",
-                                                  "source_roots"}
+                                                  "source_roots", "pins_table"}
     for o in OPTIONS:
         want = o.default() if callable(o.default) else o.default
         assert getattr(cfg, o.attr) == want, o.name

@@ -145,3 +145,42 @@ def test_too_many_metadata_keys_in_an_index_are_refused_before_they_are_read(tmp
 
     with pytest.raises(DecodedMetadataRefused, match="metadata keys"):
         IndexMetadata(Index(), list(range(MAX_VALUES + 1)), MetadataBudget())
+
+
+V3_ARRAY = {"zarr_format": 3, "node_type": "array", "shape": [4], "data_type": "int32",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2]}},
+            "chunk_key_encoding": {"name": "default"}, "fill_value": 0,
+            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}]}
+
+
+def _v3_set(n: int, **extra: object) -> dict[str, bytes]:
+    """A v3 group of ``n`` arrays, each ``zarr.json`` with ``extra`` (the same bytes for each)."""
+    doc = json.dumps({**V3_ARRAY, **extra}).encode()
+    keys = {"zarr.json": json.dumps({"zarr_format": 3, "node_type": "group"}).encode()}
+    keys.update((f"a{i}/zarr.json", doc) for i in range(n))
+    return keys
+
+
+def test_zarr_json_documents_count_against_the_bounds() -> None:
+    """Zarr v3's ``zarr.json`` is parsed within the view's bounds, and the v2 documents shown
+    for its nodes count as written: values (an array the view serves as stored, whose
+    ``zarr.json`` makes no v2 document), bytes read and bytes written, each just under built,
+    just over refused."""
+    stored = _v3_set(3, storage_transformers=[{"name": "x"}], attributes={"v": [0] * 20_000})
+    per_doc = 1 + sum(stored["a0/zarr.json"].count(c) for c in (b"{", b"[", b","))
+    under = 3 * per_doc + 1 + 3  # the documents, the group's and a value per key
+    view = DecodedView(stored, budget=MetadataBudget(max_values=under + 8))
+    assert view.refused is None and set(view.skipped) == {"a0", "a1", "a2"}
+    view = DecodedView(stored, budget=MetadataBudget(max_values=3 * per_doc - 1))
+    assert view.refused is not None and "JSON values" in str(view.refused)
+
+    long = _v3_set(3, attributes={"note": "x" * 100_000})
+    budget = MetadataBudget(max_bytes=1 << 20)
+    view = DecodedView(long, budget=budget)
+    assert view.refused is None and sorted(view.arrays) == ["a0", "a1", "a2"]
+    read_v3 = sum(len(v) for v in long.values())
+    assert budget.read > read_v3 and budget.written > 300_000  # the zarr.json and their v2 .zattrs
+    view = DecodedView(long, budget=MetadataBudget(max_bytes=read_v3 - 1))
+    assert view.refused is not None and "more than" in str(view.refused) and not view.v3.docs
+    view = DecodedView(long, budget=MetadataBudget(max_bytes=budget.written - 1))
+    assert view.refused is not None and not view.arrays
