@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import errno
 import functools
+import importlib.abc
 import os
 import signal
 import stat
@@ -63,6 +64,24 @@ def larger_socket_reads(size: int = RECV_SIZE) -> None:
 # process of a unit. Every refmount process ignores them from its start; the serving process
 # then logs each one it receives (fuse/daemon.py).
 USER_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def without_pandas() -> None:
+    """This process will not import pandas. refmount never uses it, but pyarrow imports it,
+    when it is installed, on the first ``pyarrow.array`` of a Python list (to ask whether
+    the list is a pandas object): a few tenths of a second of every mount's start in an
+    environment with xarray. Only refmount's own processes (the command, the serving daemons,
+    the indexer) call this, before any array is made; the Python API never does."""
+    if "pandas" not in sys.modules:
+        sys.meta_path.insert(0, _NoPandas())
+
+
+class _NoPandas(importlib.abc.MetaPathFinder):
+    """An import finder that finds no pandas (see ``without_pandas``)."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError("refmount's processes do not load pandas", name=name)
 
 
 def ignore_user_signals() -> None:

@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from refmount.refs.chunktree import ChunkTree
 from refmount.refs.format import Access, Format, IndexFile, OpenedTree, Options
 from refmount.refs.index import KeyIndex
 from refmount.refs.limits import DEFAULT_LIMITS, Limits
@@ -57,6 +56,8 @@ class ParquetFormat(Format):
                   access: Access | None = None) -> OpenedTree:
         options = dict(target_options)
         pset = load_parquet_set(source, options, bad_keys, limits)
+        from refmount.refs.chunktree import ChunkTree  # trio: only where the set is served
+
         tree = ChunkTree(pset, RecordCache(pset, options, max_inline=limits.max_inline,
                                            max_record=limits.max_record, relative=relative))
         info = {"record_size": str(pset.record_size), "arrays": str(len(pset.arrays))}

@@ -21,18 +21,16 @@ import posixpath
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import trio
 from fsspec.implementations.local import LocalFileSystem
 
 from refmount.base.errors import ReadError
 from refmount.base.lru import LRU
-from refmount.base.singleflight import SingleFlight
 from refmount.base.urls import is_chained, is_local
 from refmount.refs.index import KeyIndex
 from refmount.refs.indexbuilder import IndexBuilder
@@ -40,6 +38,9 @@ from refmount.refs.limits import DEFAULT_LIMITS, Limits, size_text
 from refmount.refs.model import Ref, ReferenceSetError, RefKind
 from refmount.refs.recordfile import COLUMNS, RecordRefused, read_record
 from refmount.refs.zmetadata import read_zmetadata
+
+if TYPE_CHECKING:
+    from refmount.base.singleflight import SingleFlight
 
 log = logging.getLogger(__name__)
 
@@ -368,6 +369,10 @@ class RecordCache:
     def __init__(self, pset: ParquetSet, target_options: dict[str, Any], capacity: int = 64,
                  relative: Callable[[str], bool] | None = None,
                  max_inline: int = Limits.max_inline, max_record: int = Limits.max_record) -> None:
+        import trio  # here, not at the top: the command reads a set's metadata without trio
+
+        from refmount.base.singleflight import SingleFlight
+
         self.pset = pset
         self.relative = relative  # which target paths are relative (TargetPolicy.relative)
         self.max_inline = max_inline
@@ -411,6 +416,8 @@ class RecordCache:
         return await self._loading.run(key, lambda: self._get(key))
 
     async def _get(self, key: tuple[int, int]) -> Record:
+        import trio
+
         array = self.pset.arrays[key[0]]
         try:
             rec = await trio.to_thread.run_sync(self._load, array, key[1], limiter=self._limiter)
@@ -435,6 +442,8 @@ class RecordCache:
 
     async def _list(self, array_id: int) -> np.ndarray | None:
         array = self.pset.arrays[array_id]
+        import trio
+
         records = -(-max(array.count, 1) // self.pset.record_size)
         found = await trio.to_thread.run_sync(
             list_records, under_root(self.pset.root, array.path), self.target_options, records,

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from refmount.base.errors import ConfigError, MountError
-from refmount.base.process import ignore_user_signals
+from refmount.base.process import ignore_user_signals, without_pandas
 from refmount.base.spawn import child_env, module_command
 from refmount.config import MountConfig
 from refmount.refs import IndexFile, ReferenceSetError
@@ -132,6 +132,7 @@ def _report(payload: dict[str, Any]) -> tuple[str, int]:
 def main() -> int:
     """The child's side: configuration on stdin, one report line on stdout. With
     ``--serve``: one configuration per line, one report line each, until stdin ends."""
+    without_pandas()
     serving = "--serve" in sys.argv[1:]
     if serving:
         _exit_with_parent()

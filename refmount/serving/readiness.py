@@ -47,6 +47,7 @@ def run_detached(what: str, serve_set: Callable[[MountConfig, IndexFile, Callabl
     configuration on stdin, its readiness on the inherited ``--ready-fd`` pipe. ``serve_set(cfg,
     index_file, report, log_target)`` serves and calls ``report("READY …")`` once it answers;
     a refusal is reported as ``ERROR <message>``."""
+    process.without_pandas()
     process.ignore_user_signals()
     ready_fd = int(sys.argv[sys.argv.index("--ready-fd") + 1])
     # A set's core, loaded while the command parses the set (the last argument is the mount

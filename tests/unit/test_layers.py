@@ -75,6 +75,26 @@ def test_starting_a_mount_does_not_load_the_read_path(module: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+def test_indexing_a_json_set_loads_no_other_formats_reader_nor_pandas(tmp_path: Path) -> None:
+    """The command's first steps for a JSON set (detecting its format, building the index)
+    load neither the Icechunk reader (flatbuffers, yaml), the Parquet tree (trio), aiohttp,
+    nor pandas, which pyarrow would import on its first array (``process.without_pandas``);
+    a set's core for local targets loads no aiohttp either."""
+    (tmp_path / "refs.json").write_text('{"a": "x", "b/c": "y"}')
+    code = ("import sys\n"
+            "from refmount.base.process import without_pandas\n"
+            "without_pandas()\n"
+            "from refmount.refs import prepare_index\n"
+            f"index = prepare_index({str(tmp_path / 'refs.json')!r}, {{}})\n"
+            "loaded = sorted({'pandas', 'flatbuffers', 'yaml', 'aiohttp', 'trio'} & set(sys.modules))\n"
+            "import refmount.core.setcore\n"
+            "loaded += ['aiohttp (by the core)'] if 'aiohttp' in sys.modules else []\n"
+            "sys.exit(f'loaded: {loaded}' if loaded else None)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+
 # ---- the check itself, on packages made here ----------------------------------------------------
 
 

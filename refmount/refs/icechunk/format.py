@@ -19,17 +19,24 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from refmount.base.redact import redact_url
 from refmount.base.urls import climbs, is_local, local_path, normal_url
 from refmount.refs.format import Access, Format, IndexFile, OpenedTree, Options
+from refmount.refs.icechunk.errors import IcechunkError
 from refmount.refs.icechunk.keys import ChunkKeys, UnsupportedArray
-from refmount.refs.icechunk.repository import ChunkRef, IcechunkError, Repository, Snapshot
-from refmount.refs.icechunk.tree import ArrayKeys, ChunkSource, IcechunkTree, virtual_refusal
-from refmount.refs.index import KeyIndex
-from refmount.refs.indexbuilder import IndexBuilder
+from refmount.refs.icechunk.storage import is_repository
 from refmount.refs.limits import DEFAULT_LIMITS, Limits
 from refmount.refs.model import Ref, RefKind
+
+if TYPE_CHECKING:
+    # The readers (flatbuffers, numpy, yaml) and the tree (numpy, trio) are imported where a
+    # repository is opened: detecting that SOURCE is not one, the CLI's first step for every
+    # other format, loads none of them.
+    from refmount.refs.icechunk.repository import ChunkRef, Repository, Snapshot
+    from refmount.refs.icechunk.tree import ArrayKeys
+    from refmount.refs.index import KeyIndex
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +60,10 @@ def metadata_keys(snapshot: Snapshot, bad_keys: str, limits: Limits) -> tuple[Ke
     """The snapshot's ``zarr.json`` keys as a KeyIndex, and its arrays whose chunk keys are
     served (an array whose grid or key encoding is not is served as its ``zarr.json`` only,
     with a warning)."""
+    from refmount.refs.icechunk.tree import ArrayKeys
+    from refmount.refs.index import KeyIndex
+    from refmount.refs.indexbuilder import IndexBuilder
+
     builder = IndexBuilder(bad_keys, limits)
     for node in snapshot.nodes:
         builder.add_inline(f"{node.path}/zarr.json" if node.path else "zarr.json", node.zarr_json)
@@ -124,6 +135,8 @@ class ChunkRefs:
         url = chunk.location or ""
         reason = self.refusal(url)
         if reason:
+            from refmount.refs.icechunk.tree import virtual_refusal
+
             raise virtual_refusal(url, reason)
         if self.access is not None:
             self.access.pin(url, chunk.etag, chunk.last_modified)
@@ -139,9 +152,11 @@ class IcechunkFormat(Format):
     def detect(self, source: str, target_options: Options) -> bool:
         if is_local(source) and not os.path.isdir(local_path(source)):
             return False  # a repository is a directory: a file is another format's
-        return Repository.detect(source, dict(target_options))
+        return is_repository(source, dict(target_options))
 
     def _open(self, source: str, target_options: Options, limits: Limits) -> Repository:
+        from refmount.refs.icechunk.repository import Repository
+
         return Repository.open(source, dict(target_options), limits)
 
     def resolve(self, source: str, target_options: Options, revision: Mapping[str, str] | None,
@@ -175,6 +190,8 @@ class IcechunkFormat(Format):
                   bad_keys: str = "error", limits: Limits = DEFAULT_LIMITS,
                   relative: Callable[[str], bool] | None = None,
                   access: Access | None = None) -> OpenedTree:
+        from refmount.refs.icechunk.tree import ChunkSource, IcechunkTree
+
         repo, snapshot = self._snapshot(index, source, target_options, limits)
         metadata, arrays = metadata_keys(snapshot, bad_keys, limits)
         refs = ChunkRefs(repo, access)

@@ -36,7 +36,7 @@ from refmount.refs.icechunk.refsfile import (
     ref_name_ok,
 )
 from refmount.refs.icechunk.snapshot import Snapshot
-from refmount.refs.icechunk.storage import Storage
+from refmount.refs.icechunk.storage import Storage, is_repository
 from refmount.refs.limits import DEFAULT_LIMITS, Limits
 
 __all__ = ["ChunkRef", "IcechunkError", "Node", "Repository", "Snapshot", "SnapshotInfo"]
@@ -89,16 +89,8 @@ class Repository:
 
     @staticmethod
     def detect(url: str, storage_options: Mapping[str, Any], timeout: float | None = 30.0) -> bool:
-        """Whether ``url`` looks like an Icechunk repository: a ``repo`` object starting with
-        Icechunk's magic bytes, or ``refs/branch.main/ref.json`` (a few small reads, each within
-        ``timeout`` seconds for remote storage)."""
-        try:
-            storage = Storage(url, storage_options, timeout)
-            if storage.exists("repo"):
-                return storage.head("repo", len(header.MAGIC)) == header.MAGIC
-            return storage.exists("refs/branch.main/ref.json")
-        except (IcechunkError, OSError, ValueError):
-            return False
+        """Whether ``url`` looks like an Icechunk repository (``storage.is_repository``)."""
+        return is_repository(url, storage_options, timeout)
 
     # ---- refs
 

@@ -113,3 +113,18 @@ class Storage:
         if len(entries) > max_entries:
             raise IcechunkError(f"{what}: more than {max_entries:,} entries (limit max_keys)")
         return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries]
+
+
+def is_repository(url: str, storage_options: Mapping[str, Any], timeout: float | None = 30.0) -> bool:
+    """Whether ``url`` looks like an Icechunk repository: a ``repo`` object starting with
+    Icechunk's magic bytes, or ``refs/branch.main/ref.json`` (a few small reads, each within
+    ``timeout`` seconds for remote storage)."""
+    from refmount.refs.icechunk import header
+
+    try:
+        storage = Storage(url, storage_options, timeout)
+        if storage.exists("repo"):
+            return storage.head("repo", len(header.MAGIC)) == header.MAGIC
+        return storage.exists("refs/branch.main/ref.json")
+    except (IcechunkError, OSError, ValueError):
+        return False
