@@ -317,12 +317,12 @@ class Sets:
         in_use = sum(v.size for v in others
                      if not (v.idle and (s := self.slots.get(v.name)) is not None and s.current is v
                              and s is not keep and v.name not in self._opening))
-        if in_use + size > self.max_bytes and others:
+        if in_use and in_use + size > self.max_bytes:
             return False  # closing the idle ones would not make room: none is closed
         while self.held_bytes - freed + size > self.max_bytes:
             version = self._close_least_recent(keep, f"for max_open_memory={self.max_bytes >> 20} MiB")
             if version is None:
-                return not others  # one set alone is never refused
+                return not in_use  # one set alone (no other in use) is never refused
             with trio.CancelScope(shield=True):
                 await version.closed.wait()
         return True

@@ -374,6 +374,27 @@ def test_sets_in_use_count_against_the_memory_bound() -> None:
     run(world, ["a", "b", "c", "d"], body, max_bytes=100)
 
 
+def test_a_set_over_the_memory_bound_opens_alone_once_the_others_are_idle() -> None:
+    """One set alone is never refused: a set bigger than max_open_memory closes the idle sets
+    and opens; while another is in use it is refused."""
+    from refmount.sets.opensets import TOO_MUCH_OPEN
+
+    world = World(["a", "big"])
+    world.size = {"a": 10, "big": 150}
+
+    async def body(sets: Sets, events: Events) -> None:
+        a = await sets.open(slot(sets, "a"))
+        sets.hold(a)
+        with pytest.raises(SetUnavailable) as refused:  # a in use: 10 + 150 > 100
+            await sets.open(slot(sets, "big"))
+        assert str(refused.value) == TOO_MUCH_OPEN
+        sets.drop(a)  # idle: closed for big, which then opens alone
+        big = await sets.open(slot(sets, "big"))
+        assert big.core.started and slot(sets, "a").current is None and sets.held_bytes == 150
+
+    run(world, ["a", "big"], body, max_bytes=100)
+
+
 def test_a_reload_that_would_pass_the_memory_bound_keeps_the_old_version(caplog) -> None:
     """A reload counts against max_open_memory: the new version with the sets in use, the old
     one too while files are open on it. Just under the bound it is swapped in; just over,
