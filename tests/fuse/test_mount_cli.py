@@ -26,6 +26,7 @@ from support.mounts import (
     run_cli,
     start_foreground,
     stop_foreground,
+    unmount_when_free,
     wait_gone,
 )
 
@@ -138,7 +139,7 @@ def test_foreground_mode(mount, datasets, how):
         assert proc.poll() is None, "refmount -f returned while mounted"
         assert (m / "a/top").read_bytes() == b"top"
         if how == "fusermount":
-            assert fusermount_u(m.path).returncode == 0
+            assert unmount_when_free(m.path).returncode == 0
         else:
             proc.send_signal(getattr(signal, how))
         rc = proc.wait(timeout=15)

@@ -54,6 +54,7 @@ from support.mounts import (
     is_mounted,
     mount_entry,
     run_cli,
+    unmount_when_free,
     wait_gone,
 )
 
@@ -313,7 +314,7 @@ def test_log_file_start_stop_failed_reads_and_masked_secrets(mount, hand, datase
     finally:
         gone.unlink(missing_ok=True)
     assert (m / "hello.txt").read_bytes() == b"hello world\n"
-    assert fusermount_u(m.path).returncode == 0
+    assert unmount_when_free(m.path).returncode == 0
     assert not wait_gone(m.procs, 15), "daemon still running after fusermount3 -u"
 
     text = m.log.read_text()
@@ -358,7 +359,7 @@ def test_daemon_logs_to_syslog(mount, hand, tmp_path, opts):
             m.refresh_procs()
             assert r.returncode == 0, r.stderr
             assert (m / "hello.txt").read_bytes() == b"hello world\n"
-            assert fusermount_u(m.path).returncode == 0
+            assert unmount_when_free(m.path).returncode == 0
             assert not wait_gone(m.procs, 15)
             messages = syslog.messages(timeout=1.0)
         finally:
@@ -387,7 +388,7 @@ def test_daemon_without_log_option_falls_back_to_a_file(mount, hand, tmp_path):
         assert r.returncode == 0, r.stderr
         assert r.stderr == "", "the CLI wrote to stderr although it succeeded"
         assert (m / "hello.txt").read_bytes() == b"hello world\n"
-        assert fusermount_u(m.path).returncode == 0
+        assert unmount_when_free(m.path).returncode == 0
         assert not wait_gone(m.procs, 15)
     if has_syslog:
         assert not logfile.exists(), "the machine has /dev/log, yet logs went to the fallback file"

@@ -117,6 +117,17 @@ def fusermount_u(path: str | os.PathLike, lazy: bool = False) -> subprocess.Comp
     )
 
 
+def unmount_when_free(path: str | os.PathLike, seconds: float = 15.0) -> subprocess.CompletedProcess:
+    """``fusermount3 -u``, retried while the kernel says the mount is busy: on a loaded machine
+    a file just closed can keep it busy for a moment. The last attempt's result."""
+    deadline = time.monotonic() + seconds
+    while True:
+        r = fusermount_u(path)
+        if r.returncode == 0 or "busy" not in r.stderr.lower() or time.monotonic() > deadline:
+            return r
+        time.sleep(0.3)
+
+
 # --- running the CLI ------------------------------------------------------------------------------
 
 
