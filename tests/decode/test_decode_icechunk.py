@@ -125,24 +125,25 @@ def ncdump_file_values(built: ic.Decodable) -> np.ndarray:
         return np.asarray(ds["v"][...])
 
 
-def test_xarray_over_the_decoded_mount_equals_icechunks_store(decoded, built):
-    want = icechunk_dataset(built)
+def decoded_dataset(store: object, consolidated: bool, built: ic.Decodable) -> xr.Dataset:
+    """xarray's read of the decoded view at ``store``, checked against icechunk's own read of
+    the repository and, for the virtual array, against the original netCDF file."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        got = xr.open_zarr(decoded.path, consolidated=False, zarr_format=2).load()
-    xr.testing.assert_identical(got.drop_vars("virtual"), want)
+        got = xr.open_zarr(store, consolidated=consolidated, zarr_format=2).load()
+    xr.testing.assert_identical(got.drop_vars("virtual"), icechunk_dataset(built))
     np.testing.assert_array_equal(got["virtual"].values, ncdump_file_values(built))
+    return got
+
+
+def test_xarray_over_the_decoded_mount_equals_icechunks_store(decoded, built):
+    got = decoded_dataset(decoded.path, False, built)
     np.testing.assert_array_equal(got["temp"].values, built.dataset["temp"].values)
 
 
 def test_serve_decode_gives_xarray_the_repository_over_http(built, authorise, serve):
     s = serve(built.root, authorise, "decode")
-    want = icechunk_dataset(built)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        got = xr.open_zarr(s.url, consolidated=True, zarr_format=2).load()
-    xr.testing.assert_identical(got.drop_vars("virtual"), want)
-    np.testing.assert_array_equal(got["virtual"].values, ncdump_file_values(built))
+    decoded_dataset(s.url, True, built)
     # the consolidated metadata holds the v2 view's documents, each as served on its own
     consolidated = json.loads(s.request("GET", "/.zmetadata").body)["metadata"]
     assert {".zgroup", ".zattrs", "temp/.zarray", "temp/.zattrs", "sharded/.zarray", "virtual/.zarray",
