@@ -23,7 +23,7 @@ from support.datasets import write_json
 from support.mounts import run_cli
 from support.xrcompare import netcdf_dims
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
 GDAL_ENV = {**os.environ, "GDAL_PAM_ENABLED": "NO"}  # no .aux.xml next to a read-only mount
 

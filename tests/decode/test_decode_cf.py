@@ -30,7 +30,7 @@ from support.clients import run_client as run
 from support.clients import zarr_url
 from support.mounts import LIVE_MOUNTERS, Mounter, warn_problems
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
 SETS = ["cf4", "cf3", "combined"]
 LEFT_OUT = {"cf4": {"remark"}, "cf3": set(), "combined": set()}

@@ -20,7 +20,7 @@ from support.clients import run_client as run
 from support.clients import zarr_url as url
 from support.v3store import ncdump_values
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
 GDAL_ENV = {**os.environ, "GDAL_PAM_ENABLED": "NO"}
 

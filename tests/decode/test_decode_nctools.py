@@ -23,7 +23,7 @@ from support.clients import run_client as run
 from support.clients import zarr_url as url
 from support.xrcompare import netcdf_dims
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
 SETS = ["nc4_local", "nc3_local", "h5_local", "combined_local"]
 # (set, variable): the value the reference set records as fill value although netCDF-C does not

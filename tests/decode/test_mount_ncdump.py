@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from support.datasets import NCDUMP_VALUE_VARS
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(360)]
 
 NC4_ROOT_VARS = {"time", "y", "x", "temp", "counts", "packed", "flags", "precise", "contig",
                  "le_int", "le_float"}

@@ -14,7 +14,7 @@ import pytest
 from support.mounts import CLI, cli_env, daemon_procs, fusermount_u, is_mounted, wait_gone
 from support.scaleset import Layout, generate_v0
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
 KEYS = 300_000
 SETTLE = 2.0  # seconds after READY before RSS is read (start-up buffers freed)

@@ -30,7 +30,7 @@ from support.mounts import (
     wait_gone,
 )
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(360)]
 
 CONTRACT_OPTIONS = ["remote_protocol", "remote_options", "target_options", "allow_other",
                     "uid", "gid", "cache_dir", "no_disk_cache", "timeout", "log", "log_level"]

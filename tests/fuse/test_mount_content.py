@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.paths import implied_dirs, walk
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(360)]
 
 REF_SETS = ["hand_local", "hand_http", "nc4_local", "nc4_http", "nc3_local", "nc3_http"]
 

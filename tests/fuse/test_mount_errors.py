@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(360)]
 
 
 def write(tmp_path, name: str, text: str | bytes):

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(360)]
 
 
 def snapshot(root) -> dict[str, tuple[int, int, bytes | None]]:

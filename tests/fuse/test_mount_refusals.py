@@ -20,7 +20,7 @@ import pytest
 from support.confinement import interpreter_for_others, mkdir_public, refmount_as_nobody, write_json
 from support.mounts import assert_cli_error, daemon_procs, is_mounted, run_cli, wait_gone
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(360)]
 
 NOBODY = 65534
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import xarray as xr
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(360)]
 
 
 def normalise_group(ds: xr.Dataset, group: str | None) -> xr.Dataset:

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from support.probes import HEADER, log_lines, run_readers, stats, wait_for
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(360)]
 
 KiB = 1024
 

@@ -15,7 +15,7 @@ import pytest
 from support.browser import Fetch, browser_fetch
 from support.servers import NginxServer
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(360)
 
 CORS = """
         add_header Access-Control-Allow-Origin "*" always;

@@ -25,7 +25,7 @@ from support.faultserver import Fault
 from support.mounts import CLI, cli_env, run_cli
 from support.serving import serve_cli
 
-pytestmark = [pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.timeout(600)]
 
 GDAL_ENV = {**os.environ, "GDAL_PAM_ENABLED": "NO", "GDAL_HTTP_MAX_RETRY": "0",
             "CPL_VSIL_CURL_CACHE_SIZE": "0"}

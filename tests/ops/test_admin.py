@@ -60,7 +60,7 @@ from support.mounts import (
 
 import refmount
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(360)]
 
 SPEC = Path("/work/shared/spec/references-spec.rst")
 START_RE = re.compile(r"mounted (?P<src>\S+) on (?P<mnt>\S+): (?P<keys>\d+) keys "

@@ -48,7 +48,7 @@ from support.mounts import CLI, cli_env, daemon_procs, is_mounted, mount_entry, 
 
 from refmount.config import ConfigError, MountConfig, apply_options, split_options
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(360)]
 
 SERVICE = SYSTEMD_DIR / "refmount@.service"
 SERVE_SERVICE = SYSTEMD_DIR / "refmount-serve@.service"

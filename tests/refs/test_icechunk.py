@@ -25,7 +25,7 @@ import zarr
 from support import icechunk_data as ic
 from support.mounts import run_cli
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
 ARRAYS = ("native", "small", "sub/zipped", "sub/scalar", "virtual")
 

@@ -37,7 +37,7 @@ from support.paths import implied_dirs, walk
 
 pytestmark = [
     pytest.mark.fuse,
-    pytest.mark.timeout(120),
+    pytest.mark.timeout(360),
     # fsspec's LazyReferenceMapper and fastparquet under pandas 3 (not ours)
     pytest.mark.filterwarnings("ignore:The 'fastparquet' engine is deprecated"),
     pytest.mark.filterwarnings("ignore:The 'future.infer_string' option is deprecated"),

@@ -24,7 +24,7 @@ from support.paths import walk
 
 from refmount.refs.nonfinite import NonFiniteFilter, filtered
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.timeout(360)]
 
 NAN_META = {"chunks": [4], "compressor": None, "dtype": "<f8", "fill_value": float("nan"),
             "filters": None, "order": "C", "shape": [8], "zarr_format": 2}

@@ -27,7 +27,7 @@ from support.datasets import write_json
 from support.paths import read_or_errno, walk
 from support.servers import free_port
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(360)]
 
 ZARRAY = {"zarr_format": 2, "chunks": [1], "dtype": "|u1", "compressor": None, "filters": None,
           "fill_value": 0, "order": "C"}

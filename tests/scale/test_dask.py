@@ -18,7 +18,7 @@ import xarray as xr
 from support.datasets import kerchunk_hdf5, write_json
 from support.probes import stats
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
 
 STEPS, NY, NX = 64, 64, 128  # float32: one 32 KiB chunk per time step, 2 MiB in all
 WORKERS = 4

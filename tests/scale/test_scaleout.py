@@ -19,7 +19,7 @@ import yaml
 from support.mounts import REPO
 from support.servers import NginxConfigured
 
-pytestmark = [pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.timeout(600)]
 
 EXAMPLES = REPO / "docs" / "examples"
 CONF = EXAMPLES / "nginx-refmount-cache.conf"

@@ -37,7 +37,7 @@ from support.mounts import (
     stop_foreground,
 )
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(360)]
 
 SHADOW = Path("/etc/shadow")
 

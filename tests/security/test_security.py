@@ -44,7 +44,7 @@ from refmount.targets.fetch import Fetcher
 from refmount.targets.localfile import read_range
 from refmount.targets.policy import TargetPolicy
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(360)
 fuse = pytest.mark.fuse
 
 SECRET = b"TOPSECRET!" * 1000

@@ -27,7 +27,7 @@ from support.probes import log_lines, stats, wait_for
 
 from refmount.targets.credentialoutput import parse_output
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(360)]
 
 LIFETIME = 4.0  # seconds a token is valid: refreshed a quarter of that before it expires
 STDERR_SECRET = "SENTINEL-stderr-91c2"  # what the failing process says on stderr

@@ -39,7 +39,7 @@ from support.mounts import (
 from support.paths import read_or_errno
 from support.probes import HEADER, log_lines, run_readers, stats, wait_for
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(360)]
 
 KiB = 1024
 SLACK = 1.5  # seconds allowed on top of -o timeout= for an EIO to reach the reader

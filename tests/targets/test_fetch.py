@@ -19,7 +19,7 @@ from refmount.targets.httpread import http_range
 from refmount.targets.policy import TargetPolicy
 from refmount.targets.rangeanswers import ShortRead
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(600)
 
 
 def fetcher(root: Path, **kw) -> Fetcher:

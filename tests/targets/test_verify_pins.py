@@ -31,7 +31,7 @@ from support.probes import log_lines, stats
 from support.servers import moto_s3
 from support.serving import serve_cli
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.fuse, pytest.mark.timeout(360)]
 
 KiB = 1024
 CHUNK = 64 * KiB

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from support.ncrender import render
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)
 
 NCDUMP = shutil.which("ncdump")
 DTYPES = ["<f4", ">f8", "|i1", "|u1", "<i2", ">u2", "<i4", "<u4", "<i8", ">u8", "|S1", "|S4", "|O",
