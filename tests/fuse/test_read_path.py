@@ -526,7 +526,8 @@ def test_readahead_grows_while_a_reader_streams_and_stops_when_it_seeks(srv, tmp
 def test_every_request_goes_through_the_quick_request_wait(srv, tmp_path, mount):
     """pyfuse3's request loop waits with fuse/requestwait.py's lock and wait: every request
     the kernel sent (at least a LOOKUP and an OPEN a chunk) was counted by it, read at once
-    or after a wait, as the daemon logs when it unmounts; and the chunks are right."""
+    or after a wait, as the daemon logs when it unmounts; and the chunks are right. The
+    targets' file system was loaded ahead of the first fetch (``SetCore.warm``)."""
     source, _path, expected = one_target_set(srv, tmp_path, n=64, size=64 * KiB, spacing=64 * KiB)
     m = mount(source, "no_disk_cache")
     keys = list(expected)
@@ -539,3 +540,5 @@ def test_every_request_goes_through_the_quick_request_wait(srv, tmp_path, mount)
     assert len(lines) == 1, lines
     fast, waited = (int(x) for x in re.findall(r"\d+", lines[0].split("without waiting:")[1]))
     assert fast + waited >= 2 * len(keys), lines
+    # the HTTP file system was imported once the mount served, by a worker thread
+    assert log_lines(m, "loaded the file systems of http ahead of the first fetch")
