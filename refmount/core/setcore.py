@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -59,6 +60,8 @@ from refmount.targets.rules import Rule, TargetRules, with_own_objects
 from refmount.targets.virtualaccess import VirtualAccess
 
 __all__ = ["SetCore", "build_core"]
+
+log = logging.getLogger(__name__)
 
 
 class SetCore:
@@ -184,12 +187,27 @@ class SetCore:
 
     async def warm(self) -> None:
         """Start the disk cache's writer process and learn which blocks are on disk (a
-        worker thread); the writer's log lines are relayed in the nursery until it exits."""
+        worker thread); the writer's log lines are relayed in the nursery until it exits.
+        Meanwhile another worker thread imports the file systems the targets are read
+        through (``_load_backends``)."""
         assert self._nursery is not None, "start() first"
+        self._nursery.start_soon(self._load_backends)
         if self.writer is not None and (child_log := self.writer.start()) is not None:
             self._nursery.start_soon(self.writer.relay_logs, child_log)
         if self.disk is not None:
             await trio.to_thread.run_sync(self.disk.scan, abandon_on_cancel=True)
+
+    async def _load_backends(self) -> None:
+        """The file systems the set's targets are read through, imported in a worker thread
+        (``Fetcher.load_backends``) rather than by the first fetch."""
+        try:
+            loaded = await trio.to_thread.run_sync(self.fetcher.load_backends, self.metadata.urls(),
+                                                   abandon_on_cancel=True)
+        except Exception as e:  # the first fetch imports them, and reports what fails
+            log.debug("loading the targets' file systems ahead: %s", e)
+            return
+        if loaded:
+            log.debug("loaded the file systems of %s ahead of the first fetch", ", ".join(loaded))
 
     async def _trim_when_idle(self, trim: Callable[[int], int]) -> None:
         """Give freed heap memory back to the system after a few seconds without reads."""

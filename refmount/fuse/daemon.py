@@ -29,6 +29,7 @@ from refmount.fuse.mountfailure import captured_stderr, explain
 from refmount.fuse.mountpoint import check_mountpoint
 from refmount.fuse.operations import RefFS
 from refmount.fuse.pagepush import PagePusher
+from refmount.fuse.requestwait import install as quick_request_wait
 from refmount.refs import IndexFile
 from refmount.serving.readiness import run_detached, sd_notify
 from refmount.sets.setmount import SetMount, build_sets, serves_sets
@@ -217,7 +218,10 @@ async def _main(cfg: MountConfig, mount: Mount | SetMount, on_ready: Callable[[]
 
 
 async def _fuse_main(cfg: MountConfig, nursery: trio.Nursery) -> None:
+    wait = quick_request_wait(pyfuse3)  # fuse/requestwait.py
     await pyfuse3.main(min_tasks=4, max_tasks=cfg.max_tasks)
+    if wait is not None:
+        log.debug("requests read without waiting: %d, after waiting: %d", wait.fast_total, wait.waited_total)
     nursery.cancel_scope.cancel()  # unmounted from outside (fusermount3 -u)
 
 

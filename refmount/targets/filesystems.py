@@ -18,7 +18,8 @@ import asyncio
 import contextlib
 import errno
 import functools
-from collections.abc import Awaitable, Callable, Coroutine
+import itertools
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 import fsspec
@@ -104,6 +105,27 @@ class FileSystems:
             if reason:
                 return reason
         return None
+
+    LOAD_AHEAD_TARGETS = 1000  # targets whose file systems ``load_backends`` looks at
+
+    def load_backends(self, urls: Iterable[str]) -> list[str]:
+        """Import the fsspec file system classes that reading the first
+        ``LOAD_AHEAD_TARGETS`` of ``urls`` goes through (after the target rules), other than
+        local files; the protocols loaded. Blocking: for a worker thread once the set serves,
+        so that its first fetch does not import them (fsspec's HTTP file system imports
+        aiohttp and makes its TLS contexts: about 0.16 s of CPU). A protocol fsspec cannot
+        load is left to the fetch that needs it, which reports it."""
+        names: set[str] = set()
+        for url in itertools.islice(urls, self.LOAD_AHEAD_TARGETS):
+            names.update(protocol(target) for target in self.route(url).urls if not is_chained(target))
+        loaded = []
+        for name in sorted(names - {"file", "local"}):
+            try:
+                fsspec.get_filesystem_class(name)
+            except Exception:  # unknown, or its package is not installed
+                continue
+            loaded.append(name)
+        return loaded
 
     def static_options(self, rule: Rule | None) -> dict[str, Any]:
         """The storage options of targets under ``rule`` (None: no rule) as configured:

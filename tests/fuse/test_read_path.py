@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import threading
 import time
 from pathlib import Path
@@ -520,3 +521,24 @@ def test_readahead_grows_while_a_reader_streams_and_stops_when_it_seeks(srv, tmp
         assert blocks == [30, 50, 60], f"after seeks, fetched blocks {blocks}"
     finally:
         os.close(fd)
+
+
+def test_every_request_goes_through_the_quick_request_wait(srv, tmp_path, mount):
+    """pyfuse3's request loop waits with fuse/requestwait.py's lock and wait: every request
+    the kernel sent (at least a LOOKUP and an OPEN a chunk) was counted by it, read at once
+    or after a wait, as the daemon logs when it unmounts; and the chunks are right. The
+    targets' file system was loaded ahead of the first fetch (``SetCore.warm``)."""
+    source, _path, expected = one_target_set(srv, tmp_path, n=64, size=64 * KiB, spacing=64 * KiB)
+    m = mount(source, "no_disk_cache")
+    keys = list(expected)
+    got = {}
+    for i in range(0, len(keys), 16):  # 16 readers at a time
+        got.update(read_all_at_once(m.path, keys[i : i + 16]))
+    assert got == expected
+    assert not m.unmount() and not m.reap()
+    lines = log_lines(m, "requests read without waiting:")
+    assert len(lines) == 1, lines
+    fast, waited = (int(x) for x in re.findall(r"\d+", lines[0].split("without waiting:")[1]))
+    assert fast + waited >= 2 * len(keys), lines
+    # the HTTP file system was imported once the mount served, by a worker thread
+    assert log_lines(m, "loaded the file systems of http ahead of the first fetch")
