@@ -130,6 +130,7 @@ class TargetReadahead:
         self._fifo: deque[tuple[str, Stretch]] = deque()
         self._size = 0
         self._inflight = 0
+        self._fetching: set[Run] = set()  # streams with bytes in flight
         # Latency and bandwidth per host (the fetcher's, fed by every request): they size
         # the window behind a slow link.
         self.links = links if links is not None else LinkEstimates()
@@ -142,8 +143,22 @@ class TargetReadahead:
 
     @property
     def inflight_bytes(self) -> int:
-        """Bytes of the stretches being fetched: at most ``max_inflight``."""
+        """Bytes of the stretches being fetched, the keys readers wait for included: at
+        most ``capacity + max_inflight``."""
         return self._inflight
+
+    @property
+    def ahead_inflight_bytes(self) -> int:
+        """Bytes being fetched ahead of where each stream's readers ask: at most
+        ``max_inflight``."""
+        return sum(self._ahead_of_readers(run, run.ahead) for run in self._fetching)
+
+    @staticmethod
+    def _ahead_of_readers(run: Run, ahead: int) -> int:
+        """A stream's bytes in flight past where its readers ask (``run.end``), its stretches
+        reaching ``ahead``: at most its bytes in flight, and at most its lead (the bytes in
+        flight below ``run.end`` are keys its readers have asked for)."""
+        return min(run.inflight, max(0, ahead - run.end))
 
     def __len__(self) -> int:
         """The streams remembered (at most ``PER_TARGET`` of a target, ``MAX_STREAMS`` in
@@ -346,6 +361,7 @@ class TargetReadahead:
         target = run.end + run.window
         limit = round_up(target, self.grid)
         stretches = self._stretches.setdefault(url, [])
+        others = sum(self._ahead_of_readers(r, r.ahead) for r in self._fetching if r is not run)
         while ahead < target:
             # What a stretch already holds (or is fetching) is not fetched again: several
             # readers going through one target (a zarr client each, over one server) run
@@ -362,15 +378,22 @@ class TargetReadahead:
                 stop = round_up(ahead + 1, self.grid)
             if i < len(stretches):
                 stop = min(stop, stretches[i].start)  # up to the next one
-            # Within the bytes in flight of all streams together, and of this stream's share
-            # unless the others have room to spare: a shorter request (down to a grid block)
-            # when a whole one does not fit -- readers keeping many keys in flight use most
-            # of a share themselves -- or none for now.
+            # Within the bytes in flight ahead of the readers of all streams together, and of
+            # this stream's share unless the others have room to spare: a shorter request
+            # (down to a grid block) when a whole one does not fit, or none for now. The keys
+            # its readers have asked for and wait on count in neither (they would be fetched
+            # on demand all the same): eight readers keeping ten 1 MiB keys each asked would
+            # otherwise fill 80 MiB of the bound, and leave less than a request to each stream.
+            # All bytes in flight, theirs included, within ``capacity + max_inflight``.
             size = allowed = stop - ahead
             if self._inflight:
-                allowed = min(allowed, self.max_inflight - self._inflight)
-            if run.inflight and self._inflight + size > self.max_inflight - inflight_share:
-                allowed = min(allowed, inflight_share - run.inflight)
+                allowed = min(allowed, self.capacity + self.max_inflight - self._inflight)
+            mine = self._ahead_of_readers(run, ahead)
+            ahead_all = others + mine
+            if ahead_all:
+                allowed = min(allowed, self.max_inflight - ahead_all)
+            if mine and ahead_all + size > self.max_inflight - inflight_share:
+                allowed = min(allowed, inflight_share - mine)
             if allowed < size:
                 stop = (ahead + max(allowed, 0)) // self.grid * self.grid
                 if stop <= ahead:
@@ -382,6 +405,7 @@ class TargetReadahead:
             self._inflight += stretch.end - stretch.start
             run.inflight += stretch.end - stretch.start
             run.fetched += stretch.end - stretch.start
+            self._fetching.add(run)
             nursery.start_soon(self._fetch, url, stretch, run)
             ahead = stretch.end
         run.ahead = ahead
@@ -426,6 +450,8 @@ class TargetReadahead:
         finally:
             self._inflight -= pending
             run.inflight -= pending
+            if run.inflight <= 0:
+                self._fetching.discard(run)
             stretch.settle(ok)
 
     def _drop(self, url: str, stretch: Stretch) -> None:
