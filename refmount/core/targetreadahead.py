@@ -24,11 +24,15 @@ clients each reading a slice) keep one stream each: a range belongs to the strea
 reads it continues (the nearest), and a miss that continues none starts a stream of its own.
 Each stream has its own window, kept from where its readers ask (a reader waiting for bytes
 still coming moves its stream there), not from where bytes have arrived. The bounds are
-global: stretches held within ``capacity`` bytes (first-in first-out), bytes in flight (asked
-for, not yet arrived) within ``max_inflight`` across all streams; while several read ahead,
-each stream's window within its share of the capacity and its bytes in flight within its
+global: stretches held within ``capacity`` bytes (first-in first-out); bytes in flight (asked
+for, not yet arrived) ahead of where each stream's readers ask within ``max_inflight`` across
+all streams, and all bytes in flight -- the keys readers have asked for and wait on too --
+within ``capacity + max_inflight``. While several read ahead, each stream's window stays
+within its share of the capacity and its bytes in flight ahead of its readers within its
 share of ``max_inflight`` (more while the others leave room), a request that does not fit cut
-to what does.
+to what does. The keys readers wait on count in neither share: they would be fetched on demand
+all the same, and Dask workers each keeping six to ten 1 MiB keys asked would otherwise take
+most of a stream's share and leave it less than a request to read ahead with.
 
 Only misses count (a reader served by the disk cache starts nothing), a read that continues
 no stream starts one (a random reader's reads start streams that never read ahead), and a
@@ -118,8 +122,8 @@ class TargetReadahead:
         self.stats = stats
         self.capacity = capacity
         self.max_window = max_window
-        # Bytes being fetched ahead, all streams together: by default what one stream may
-        # have ahead of its reader.
+        # Bytes being fetched ahead of the readers, all streams together: by default what
+        # one stream may have ahead of its reader.
         self.max_inflight = max_window if max_inflight is None else max_inflight
         self.grid = grid
         self.on_block = on_block
@@ -294,9 +298,10 @@ class TargetReadahead:
             self._extend(url, run, nursery, span)
 
     def _share(self, run: Run) -> tuple[int, int]:
-        """The most a stream may keep ahead of its reader, and the most it may have in flight:
-        ``max_window`` and ``max_inflight`` alone. When several streams read ahead (those
-        that did in the last ``ACTIVE`` seconds), each gets its share: of ``capacity`` (half
+        """The most a stream may keep ahead of its reader, and the most it may have in flight
+        ahead of its readers: ``max_window`` and ``max_inflight`` alone. When several streams
+        read ahead (those that did in the last ``ACTIVE`` seconds), each gets its share: of
+        ``capacity`` (half
         of it split between them, so that stretches are read before the capacity drops
         them; never below ``FIRST_WINDOW``) and of ``max_inflight`` (never below a grid
         block), so that streams that top up often do not take all the requests in flight
