@@ -301,11 +301,10 @@ class TargetReadahead:
         """The most a stream may keep ahead of its reader, and the most it may have in flight
         ahead of its readers: ``max_window`` and ``max_inflight`` alone. When several streams
         read ahead (those that did in the last ``ACTIVE`` seconds), each gets its share: of
-        ``capacity`` (half
-        of it split between them, so that stretches are read before the capacity drops
-        them; never below ``FIRST_WINDOW``) and of ``max_inflight`` (never below a grid
-        block), so that streams that top up often do not take all the requests in flight
-        and leave the others' readers to miss."""
+        ``capacity`` (half of it split between them, so that stretches are read before the
+        capacity drops them; never below ``FIRST_WINDOW``) and of ``max_inflight`` (never
+        below a grid block), so that streams that top up often do not take all the requests
+        in flight and leave the others' readers to miss."""
         now = self.clock()
         active = self._active
         active[run] = now
