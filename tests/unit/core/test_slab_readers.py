@@ -148,3 +148,29 @@ def test_a_stream_that_does_not_fit_in_flight_asks_for_less() -> None:
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert sorted(target.asked) == [(4 * MiB, 12 * MiB), (base + 4 * MiB, base + 6 * MiB)]
+
+
+def test_a_reader_past_its_streams_stretches_moves_the_stream_there() -> None:
+    # A reader keeping six to ten keys asked at once runs past a stream that fell behind it
+    # (its CPU came late, the stream's share was small): its next ask, a few keys past the
+    # stream's stretches, is a miss. It moves the stream there (which tops up from where its
+    # stretches end) instead of starting another stream, which would need several more keys
+    # to start; it missed one key here, where a new stream misses four or more.
+    target = Quiet()
+    ra = TargetReadahead(target, Stats(), capacity=128 * MiB, max_window=64 * MiB, grid=4 * MiB)
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            for i in range(4):
+                ra.note(URL, i * MiB, (i + 1) * MiB, n, miss=True)
+            await trio.testing.wait_all_tasks_blocked()
+            assert ra.streams(URL) == [(4 * MiB, 8 * MiB)] and max(e for _, e in target.asked) == 12 * MiB
+            ra.note(URL, 14 * MiB, 15 * MiB, n, miss=True)  # two keys past its stretches
+            assert len(ra) == 1 and ra.streams(URL)[0][0] == 15 * MiB
+            await trio.testing.wait_all_tasks_blocked()
+            assert max(e for _, e in target.asked) > 15 * MiB  # topped up from 12 MiB on
+            ra.note(URL, 60 * MiB, 61 * MiB, n, miss=True)  # far past it: another reader
+            assert len(ra) == 2 and ra.stats.readahead_streams == 1
+            n.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
