@@ -323,12 +323,13 @@ class TargetReadahead:
 
     def _in_run(self, run: Run, start: int, span: int) -> bool:
         """Whether a range starting at ``start`` belongs to ``run``: it lies within several
-        ranges' worth (as many as readers fetch at once, up to the stream's window) behind
-        the furthest range or past what was read or prefetched so far -- concurrent readers
-        run ahead of each other inside the prefetched stretch, and a reader keeping six to ten
-        keys asked runs past a stream that fell behind it (its asks for the keys past the
-        stream's stretches are misses; they move the stream there instead of starting
-        another one, which would take several keys more to start). A stream that
+        ranges' worth (as many as readers fetch at once: ``CONCURRENT`` ranges of a MiB or
+        more, smaller ones up to the stream's window) behind the furthest range or past what
+        was read or prefetched so far -- concurrent readers run ahead of each other inside
+        the prefetched stretch, and a reader keeping six to ten keys asked runs past a stream
+        that fell behind it (its asks for the keys past the stream's stretches are misses;
+        they move the stream there instead of starting another one, which would take several
+        keys more to start, and another after it). A stream that
         has not read ahead yet takes only a range that starts within ``CLOSE`` ranges (and
         ``SLACK``) after its end: with many streams per target, the loose rule would let a
         random reader's ranges continue one stream or another."""
@@ -338,7 +339,8 @@ class TargetReadahead:
             behind = max(self.SLACK, min(self.CONCURRENT * span, self.BEHIND))
             return continues(start, run.end, front=run.end, behind=behind,
                              slack=min(self.SLACK, self.CLOSE * span))
-        near = max(self.SLACK, min(self.CONCURRENT * span, max(self.BEHIND, run.window)))
+        near = max(self.SLACK, self.CONCURRENT * span if span >= self.SLACK
+                   else min(self.CONCURRENT * span, max(self.BEHIND, run.window)))
         return continues(start, run.end, front=max(run.end, run.ahead), behind=near, slack=near)
 
     def _extend(self, url: str, run: Run, nursery: Background | trio.Nursery, span: int) -> None:

@@ -153,9 +153,10 @@ def test_a_stream_that_does_not_fit_in_flight_asks_for_less() -> None:
 def test_a_reader_past_its_streams_stretches_moves_the_stream_there() -> None:
     # A reader keeping six to ten keys asked at once runs past a stream that fell behind it
     # (its CPU came late, the stream's share was small): its next ask, a few keys past the
-    # stream's stretches, is a miss. It moves the stream there (which tops up from where its
-    # stretches end) instead of starting another stream, which would need several more keys
-    # to start; it missed one key here, where a new stream misses four or more.
+    # stream's stretches (up to CONCURRENT keys of a MiB), is a miss. It moves the stream
+    # there (which tops up from where its stretches end) instead of starting another stream,
+    # which would need several more keys to start; it missed one key here, where a new
+    # stream misses four or more.
     target = Quiet()
     ra = TargetReadahead(target, Stats(), capacity=128 * MiB, max_window=64 * MiB, grid=4 * MiB)
 
@@ -169,7 +170,11 @@ def test_a_reader_past_its_streams_stretches_moves_the_stream_there() -> None:
             assert len(ra) == 1 and ra.streams(URL)[0][0] == 15 * MiB
             await trio.testing.wait_all_tasks_blocked()
             assert max(e for _, e in target.asked) > 15 * MiB  # topped up from 12 MiB on
-            ra.note(URL, 60 * MiB, 61 * MiB, n, miss=True)  # far past it: another reader
+            await trio.testing.wait_all_tasks_blocked()
+            front = max(e for _, e in target.asked)
+            ra.note(URL, front + 12 * MiB, front + 13 * MiB, n, miss=True)  # twelve keys past them
+            assert len(ra) == 1 and ra.streams(URL)[0][0] == front + 13 * MiB
+            ra.note(URL, 160 * MiB, 161 * MiB, n, miss=True)  # far past it: another reader
             assert len(ra) == 2 and ra.stats.readahead_streams == 1
             n.cancel_scope.cancel()
 
