@@ -91,7 +91,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("no_disk_cache", Flag(False), True,
            "keep nothing on disk (the index goes to a temporary file)", field="disk_cache"),
     Option("max_readahead", Size(), 64 * 2**20,
-           "largest readahead window, in a file and across keys read in target order (0: off)"),
+           "largest readahead window, in a file and across keys read in target order (0: off); across "
+           "keys also the bytes in flight ahead of readers, all streams together, with the stretches "
+           "read ahead held within twice it"),
     Option("read_ahead_kb", Int(0, 2**20), 1024,
            "kernel readahead of the mount in KiB, set when root (0: the kernel's default)"),
     Option("memory_cache", Size(), 512 * 2**20, "bound of the in-memory block cache",

@@ -24,11 +24,15 @@ clients each reading a slice) keep one stream each: a range belongs to the strea
 reads it continues (the nearest), and a miss that continues none starts a stream of its own.
 Each stream has its own window, kept from where its readers ask (a reader waiting for bytes
 still coming moves its stream there), not from where bytes have arrived. The bounds are
-global: stretches held within ``capacity`` bytes (first-in first-out), bytes in flight (asked
-for, not yet arrived) within ``max_inflight`` across all streams; while several read ahead,
-each stream's window within its share of the capacity and its bytes in flight within its
+global: stretches held within ``capacity`` bytes (first-in first-out); bytes in flight (asked
+for, not yet arrived) ahead of where each stream's readers ask within ``max_inflight`` across
+all streams, and all bytes in flight -- the keys readers have asked for and wait on too --
+within ``capacity + max_inflight``. While several read ahead, each stream's window stays
+within its share of the capacity and its bytes in flight ahead of its readers within its
 share of ``max_inflight`` (more while the others leave room), a request that does not fit cut
-to what does.
+to what does. The keys readers wait on count in neither share: they would be fetched on demand
+all the same, and Dask workers each keeping six to ten 1 MiB keys asked would otherwise take
+most of a stream's share and leave it less than a request to read ahead with.
 
 Only misses count (a reader served by the disk cache starts nothing), a read that continues
 no stream starts one (a random reader's reads start streams that never read ahead), and a
@@ -118,8 +122,8 @@ class TargetReadahead:
         self.stats = stats
         self.capacity = capacity
         self.max_window = max_window
-        # Bytes being fetched ahead, all streams together: by default what one stream may
-        # have ahead of its reader.
+        # Bytes being fetched ahead of the readers, all streams together: by default what
+        # one stream may have ahead of its reader.
         self.max_inflight = max_window if max_inflight is None else max_inflight
         self.grid = grid
         self.on_block = on_block
@@ -130,6 +134,7 @@ class TargetReadahead:
         self._fifo: deque[tuple[str, Stretch]] = deque()
         self._size = 0
         self._inflight = 0
+        self._fetching: set[Run] = set()  # streams with bytes in flight
         # Latency and bandwidth per host (the fetcher's, fed by every request): they size
         # the window behind a slow link.
         self.links = links if links is not None else LinkEstimates()
@@ -142,8 +147,22 @@ class TargetReadahead:
 
     @property
     def inflight_bytes(self) -> int:
-        """Bytes of the stretches being fetched: at most ``max_inflight``."""
+        """Bytes of the stretches being fetched, the keys readers wait for included: at
+        most ``capacity + max_inflight``."""
         return self._inflight
+
+    @property
+    def ahead_inflight_bytes(self) -> int:
+        """Bytes being fetched ahead of where each stream's readers ask: at most
+        ``max_inflight``."""
+        return sum(self._ahead_of_readers(run, run.ahead) for run in self._fetching)
+
+    @staticmethod
+    def _ahead_of_readers(run: Run, ahead: int) -> int:
+        """A stream's bytes in flight past where its readers ask (``run.end``), its stretches
+        reaching ``ahead``: at most its bytes in flight, and at most its lead (the bytes in
+        flight below ``run.end`` are keys its readers have asked for)."""
+        return min(run.inflight, max(0, ahead - run.end))
 
     def __len__(self) -> int:
         """The streams remembered (at most ``PER_TARGET`` of a target, ``MAX_STREAMS`` in
@@ -276,16 +295,18 @@ class TargetReadahead:
             if not run.started:
                 run.started = True
                 self.stats.readahead_streams += 1
+                log.debug("readahead of %s: a stream starts at bytes %d-%d (%d streams of it)",
+                          url, run.low, run.end, len(self._runs.of(url)))
             self._extend(url, run, nursery, span)
 
     def _share(self, run: Run) -> tuple[int, int]:
-        """The most a stream may keep ahead of its reader, and the most it may have in flight:
-        ``max_window`` and ``max_inflight`` alone. When several streams read ahead (those
-        that did in the last ``ACTIVE`` seconds), each gets its share: of ``capacity`` (half
-        of it split between them, so that stretches are read before the capacity drops
-        them; never below ``FIRST_WINDOW``) and of ``max_inflight`` (never below a grid
-        block), so that streams that top up often do not take all the requests in flight
-        and leave the others' readers to miss."""
+        """The most a stream may keep ahead of its reader, and the most it may have in flight
+        ahead of its readers: ``max_window`` and ``max_inflight`` alone. When several streams
+        read ahead (those that did in the last ``ACTIVE`` seconds), each gets its share: of
+        ``capacity`` (half of it split between them, so that stretches are read before the
+        capacity drops them; never below ``FIRST_WINDOW``) and of ``max_inflight`` (never
+        below a grid block), so that streams that top up often do not take all the requests
+        in flight and leave the others' readers to miss."""
         now = self.clock()
         active = self._active
         active[run] = now
@@ -301,10 +322,14 @@ class TargetReadahead:
                 max(self.grid, self.max_inflight // len(active)))
 
     def _in_run(self, run: Run, start: int, span: int) -> bool:
-        """Whether a range starting at ``start`` belongs to ``run``: it starts at most
-        ``SLACK`` past what was read or prefetched so far -- concurrent readers run ahead of
-        each other inside the prefetched stretch -- and not further behind the furthest
-        range than several ranges' worth (as many as readers fetch at once). A stream that
+        """Whether a range starting at ``start`` belongs to ``run``: it lies within several
+        ranges' worth (as many as readers fetch at once: ``CONCURRENT`` ranges of a MiB or
+        more, smaller ones up to the stream's window) behind the furthest range or past what
+        was read or prefetched so far -- concurrent readers run ahead of each other inside
+        the prefetched stretch, and a reader keeping six to ten keys asked runs past a stream
+        that fell behind it (its asks for the keys past the stream's stretches are misses;
+        they move the stream there instead of starting another one, which would take several
+        keys more to start, and another after it). A stream that
         has not read ahead yet takes only a range that starts within ``CLOSE`` ranges (and
         ``SLACK``) after its end: with many streams per target, the loose rule would let a
         random reader's ranges continue one stream or another."""
@@ -314,8 +339,9 @@ class TargetReadahead:
             behind = max(self.SLACK, min(self.CONCURRENT * span, self.BEHIND))
             return continues(start, run.end, front=run.end, behind=behind,
                              slack=min(self.SLACK, self.CLOSE * span))
-        behind = max(self.SLACK, min(self.CONCURRENT * span, max(self.BEHIND, run.window)))
-        return continues(start, run.end, front=max(run.end, run.ahead), behind=behind, slack=self.SLACK)
+        near = max(self.SLACK, self.CONCURRENT * span if span >= self.SLACK
+                   else min(self.CONCURRENT * span, max(self.BEHIND, run.window)))
+        return continues(start, run.end, front=max(run.end, run.ahead), behind=near, slack=near)
 
     def _extend(self, url: str, run: Run, nursery: Background | trio.Nursery, span: int) -> None:
         ahead = max(run.ahead, run.end)
@@ -346,6 +372,7 @@ class TargetReadahead:
         target = run.end + run.window
         limit = round_up(target, self.grid)
         stretches = self._stretches.setdefault(url, [])
+        others = sum(self._ahead_of_readers(r, r.ahead) for r in self._fetching if r is not run)
         while ahead < target:
             # What a stretch already holds (or is fetching) is not fetched again: several
             # readers going through one target (a zarr client each, over one server) run
@@ -362,15 +389,22 @@ class TargetReadahead:
                 stop = round_up(ahead + 1, self.grid)
             if i < len(stretches):
                 stop = min(stop, stretches[i].start)  # up to the next one
-            # Within the bytes in flight of all streams together, and of this stream's share
-            # unless the others have room to spare: a shorter request (down to a grid block)
-            # when a whole one does not fit -- readers keeping many keys in flight use most
-            # of a share themselves -- or none for now.
+            # Within the bytes in flight ahead of the readers of all streams together, and of
+            # this stream's share unless the others have room to spare: a shorter request
+            # (down to a grid block) when a whole one does not fit, or none for now. The keys
+            # its readers have asked for and wait on count in neither (they would be fetched
+            # on demand all the same): eight readers keeping ten 1 MiB keys each asked would
+            # otherwise fill 80 MiB of the bound, and leave less than a request to each stream.
+            # All bytes in flight, theirs included, within ``capacity + max_inflight``.
             size = allowed = stop - ahead
             if self._inflight:
-                allowed = min(allowed, self.max_inflight - self._inflight)
-            if run.inflight and self._inflight + size > self.max_inflight - inflight_share:
-                allowed = min(allowed, inflight_share - run.inflight)
+                allowed = min(allowed, self.capacity + self.max_inflight - self._inflight)
+            mine = self._ahead_of_readers(run, ahead)
+            ahead_all = others + mine
+            if ahead_all:
+                allowed = min(allowed, self.max_inflight - ahead_all)
+            if mine and ahead_all + size > self.max_inflight - inflight_share:
+                allowed = min(allowed, inflight_share - mine)
             if allowed < size:
                 stop = (ahead + max(allowed, 0)) // self.grid * self.grid
                 if stop <= ahead:
@@ -382,6 +416,7 @@ class TargetReadahead:
             self._inflight += stretch.end - stretch.start
             run.inflight += stretch.end - stretch.start
             run.fetched += stretch.end - stretch.start
+            self._fetching.add(run)
             nursery.start_soon(self._fetch, url, stretch, run)
             ahead = stretch.end
         run.ahead = ahead
@@ -426,6 +461,8 @@ class TargetReadahead:
         finally:
             self._inflight -= pending
             run.inflight -= pending
+            if run.inflight <= 0:
+                self._fetching.discard(run)
             stretch.settle(ok)
 
     def _drop(self, url: str, stretch: Stretch) -> None:

@@ -85,7 +85,8 @@ class Link:
 @dataclass
 class SlabRun:
     """What ``read_slabs`` saw: the demand misses (all, and by position in a slab), the
-    streams that read ahead, the readahead's bounds and the most it held and had in flight."""
+    streams that read ahead, the readahead's bounds and the most it held, had in flight
+    (``most_inflight``) and had in flight ahead of where the readers asked (``most_ahead``)."""
 
     keys: int
     misses: int
@@ -95,6 +96,7 @@ class SlabRun:
     link: Link
     most_held: int = 0
     most_inflight: int = 0
+    most_ahead: int = 0
     seconds: float = 0.0
     wrong: list[int] = field(default_factory=list)
 
@@ -135,6 +137,7 @@ def read_slabs(workers: int, per: int, size: int, *, latency: float, bandwidth: 
                     result.wrong.append(i)
                 result.most_held = max(result.most_held, ra.prefetched_bytes)
                 result.most_inflight = max(result.most_inflight, ra.inflight_bytes)
+                result.most_ahead = max(result.most_ahead, ra.ahead_inflight_bytes)
                 await trio.sleep(size * work_per_byte)
                 i = next(todo, None)
 
