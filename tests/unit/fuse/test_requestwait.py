@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import types
+from collections.abc import Iterator
 
 import pytest
 import trio
@@ -77,73 +78,80 @@ def test_a_cancelled_waiter_leaves_the_lock_usable() -> None:
     trio.run(main)
 
 
-def test_queued_requests_are_read_without_yielding_up_to_the_limit() -> None:
+class Pipe:
+    """A pipe standing for /dev/fuse: a byte written to ``w`` is a queued request."""
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        self._open = {self.r, self.w}
+
+    def close(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.discard(fd)
+            os.close(fd)
+
+
+@pytest.fixture
+def pipe() -> Iterator[Pipe]:
+    p = Pipe()
+    yield p
+    p.close(p.r)
+    p.close(p.w)
+
+
+def test_queued_requests_are_read_without_yielding_up_to_the_limit(pipe: Pipe) -> None:
     async def main() -> None:
-        r, w = os.pipe()
-        try:
-            os.write(w, b"x")  # a request is queued
-            wait = RequestWait(limit=4)
+        os.write(pipe.w, b"x")  # a request is queued
+        wait = RequestWait(limit=4)
 
-            with assert_no_checkpoints():
-                for _ in range(4):
-                    await wait.wait_readable(r)
-            assert (wait.fast_total, wait.waited_total) == (4, 0)
+        with assert_no_checkpoints():
+            for _ in range(4):
+                await wait.wait_readable(pipe.r)
+        assert (wait.fast_total, wait.waited_total) == (4, 0)
 
-            # the fifth in a row is trio's own wait: a real checkpoint
-            with assert_checkpoints():
-                await wait.wait_readable(r)
-            assert (wait.fast_total, wait.waited_total) == (4, 1)
-            # and the count starts again
-            with assert_no_checkpoints():
-                await wait.wait_readable(r)
-            assert wait.fast == 1
-        finally:
-            os.close(r)
-            os.close(w)
+        # the fifth in a row is trio's own wait: a real checkpoint
+        with assert_checkpoints():
+            await wait.wait_readable(pipe.r)
+        assert (wait.fast_total, wait.waited_total) == (4, 1)
+        # and the count starts again
+        with assert_no_checkpoints():
+            await wait.wait_readable(pipe.r)
+        assert wait.fast == 1
 
     trio.run(main)
 
 
-def test_with_nothing_queued_it_waits_until_a_request_comes() -> None:
+def test_with_nothing_queued_it_waits_until_a_request_comes(pipe: Pipe) -> None:
     async def main() -> None:
-        r, w = os.pipe()
-        try:
-            wait = RequestWait()
-            woke = trio.Event()
+        wait = RequestWait()
+        woke = trio.Event()
 
-            async def waiter() -> None:
-                await wait.wait_readable(r)
-                woke.set()
+        async def waiter() -> None:
+            await wait.wait_readable(pipe.r)
+            woke.set()
 
-            with trio.fail_after(30):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(waiter)
-                    await trio.sleep(0.05)
-                    assert not woke.is_set()
-                    os.write(w, b"x")
-                    await woke.wait()
-            assert wait.waited_total == 1
-        finally:
-            os.close(r)
-            os.close(w)
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter)
+                await trio.sleep(0.05)
+                assert not woke.is_set()
+                os.write(pipe.w, b"x")
+                await woke.wait()
+        assert wait.waited_total == 1
 
     trio.run(main)
 
 
-def test_a_hung_up_descriptor_counts_as_readable() -> None:
+def test_a_hung_up_descriptor_counts_as_readable(pipe: Pipe) -> None:
     """As /dev/fuse once the file system is unmounted from outside: the read that follows
     finds the end, and pyfuse3's loop ends."""
     async def main() -> None:
-        r, w = os.pipe()
-        try:
-            os.close(w)
-            wait = RequestWait()
-            with assert_no_checkpoints():
-                await wait.wait_readable(r)
-            assert wait.fast_total == 1
-            assert os.read(r, 1) == b""
-        finally:
-            os.close(r)
+        pipe.close(pipe.w)
+        wait = RequestWait()
+        with assert_no_checkpoints():
+            await wait.wait_readable(pipe.r)
+        assert wait.fast_total == 1
+        assert os.read(pipe.r, 1) == b""
 
     trio.run(main)
 
