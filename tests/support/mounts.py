@@ -104,10 +104,30 @@ def daemon_procs(mnt: str | os.PathLike) -> list[psutil.Process]:
     return found
 
 
+def has_exited(p: psutil.Process) -> bool:
+    """Gone, or a zombie whose threads have all exited: it holds nothing (no mount, no
+    descriptor, no memory). A daemon is an orphan, reaped by PID 1 when PID 1 gets to it; on
+    these VMs that is a second or two later, which is not the daemon's exit time. The thread
+    count matters: a process's main thread is a zombie while its other threads may still be
+    exiting, and closing the FUSE device with them."""
+    try:
+        if not p.is_running():
+            return True
+        with open(f"/proc/{p.pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except (psutil.NoSuchProcess, OSError):
+        return True
+    return fields["State"].split()[0] == "Z" and int(fields["Threads"]) <= 1
+
+
 def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Wait for processes to exit; return those still alive."""
-    _gone, alive = psutil.wait_procs(procs, timeout=timeout)
-    return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    """Wait for processes to exit (see :func:`has_exited`); return those still running."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if not has_exited(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if not has_exited(p)]
+    return alive
 
 
 def fusermount_u(path: str | os.PathLike, lazy: bool = False) -> subprocess.CompletedProcess:

@@ -8,14 +8,13 @@ import http.client
 import json
 import os
 import signal
-import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
-from .mounts import CliResult, run_cli
+from .mounts import CliResult, run_cli, wait_gone
 
 
 @dataclass
@@ -74,11 +73,9 @@ class Served:
             if "refmount" not in " ".join(p.cmdline()):
                 return  # not ours (the PID was reused)
             p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout)
-            except psutil.TimeoutExpired:
+            if wait_gone([p], timeout):
                 p.kill()
-                p.wait(5)
+                wait_gone([p], 5)
 
 
 def serve_cli(source: str | os.PathLike, *opts: str, listen: str = "127.0.0.1:0",
@@ -112,6 +109,3 @@ class Servers:
     def cleanup(self) -> None:
         for s in self.started:
             s.stop()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(psutil.pid_exists(s.pid) for s in self.started):
-            time.sleep(0.05)
