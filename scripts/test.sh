@@ -24,5 +24,5 @@ fi
 echo "test: pytest tests/unit -q -n 2"
 .venv/bin/python -m pytest tests/unit -q -n 2
 
-echo "test: pytest tests -q --ignore=tests/unit -n 2 --dist loadfile"
-exec .venv/bin/python -m pytest tests -q --ignore=tests/unit -n 2 --dist loadfile
+echo "test: pytest tests -q --ignore=tests/unit -n 2 --dist loadfile --no-loadscope-reorder"
+exec .venv/bin/python -m pytest tests -q --ignore=tests/unit -n 2 --dist loadfile --no-loadscope-reorder

@@ -22,6 +22,7 @@ import shutil
 import sys
 import tempfile
 import threading
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,25 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "fuse: needs /dev/fuse and fusermount3 (fails, never skips, without them)"
     )
+    config.addinivalue_line(
+        "markers", "long(seconds): a module taking about that long on a quiet machine;"
+        " scheduled before the others, the longest first"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Modules marked ``long(seconds)`` first, longest first, then the others by their number
+    of tests (most first), each module's tests in their own order. ``scripts/test.sh`` runs the
+    mount tier with ``--dist loadfile --no-loadscope-reorder``, so each module runs whole on
+    one of two workers in this order: a long module started last would leave the other worker
+    idle while it ends (pytest-xdist's own order, by number of tests, puts the one-test
+    modules last)."""
+    count = Counter(item.path for item in items)
+    seconds = {}
+    for item in items:
+        mark = item.get_closest_marker("long")
+        seconds[item.path] = mark.args[0] if mark else 0
+    items.sort(key=lambda item: (-seconds[item.path], -count[item.path]))
 
 
 # --- fixtures -----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-pytestmark = [pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.long(45), pytest.mark.timeout(600)]
 
 
 def test_zmetadata_of_huge_or_many_metadata_keys_is_refused_in_bounded_memory(serve, tmp_path):

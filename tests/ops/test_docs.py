@@ -25,7 +25,7 @@ import pytest
 from support.mounts import REPO, cli_env, fusermount_u, is_mounted
 from support.servers import moto_s3
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.fuse, pytest.mark.long(50), pytest.mark.timeout(400)]
 
 DOCS = ("README.md", "docs/operations.md")
 

@@ -23,7 +23,7 @@ import zarr
 from support.paths import walk
 from support.producers import Case, build_corpus
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.fuse, pytest.mark.long(90), pytest.mark.timeout(900)]
 
 NAMES = [
     "hdf5-inline0", "hdf5-inline1M", "netcdf3", "grib2-scan_grib", "grib2-grib_tree", "tiff-raw",

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.mounts import LIVE_MOUNTERS, Mounter, is_mounted
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.fuse, pytest.mark.long(40), pytest.mark.timeout(600)]
 
 DATA_SIZES = {"a.bin": 70_001, "b.bin": 513, "empty.bin": 0}
 

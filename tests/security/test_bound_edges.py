@@ -56,7 +56,7 @@ from support.serving import Reply, Served
 from refmount.sets.opensets import OPEN_FAILED, TOO_MUCH_OPEN
 from refmount.targets.pins import MAX_PIN_FILE, PIN_FORMAT
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.fuse, pytest.mark.long(60), pytest.mark.timeout(900)]
 
 BOUND_CPU = 45.0  # CPU seconds of the CLI and of what serves, for one run
 BOUND_RSS = 1 << 30  # peak RSS of what serves

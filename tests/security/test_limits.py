@@ -44,7 +44,7 @@ from support.bombs import deflate, zstd_rle
 from support.faultserver import FaultServer
 from support.mounts import CLI, REPO, cli_env, daemon_procs, fusermount_u, is_mounted, wait_gone
 
-pytestmark = [pytest.mark.fuse, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.fuse, pytest.mark.long(120), pytest.mark.timeout(1800)]
 
 BOUND_CPU = 30.0  # CPU seconds of the CLI and the daemon (mount or refusal, content checks)
 BOUND_WALL = 600.0  # wall seconds of the same: a hang (the machine may be loaded: CPU is the bound)
