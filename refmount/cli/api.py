@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from refmount.base.errors import MountError
+from refmount.base.spawn import has_exited
 
 __all__ = ["MountError", "is_mounted", "mounted", "served", "unmount"]
 
@@ -125,25 +126,12 @@ def _stop(pid: int, timeout: float = 30.0) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while not _exited(pid):
+    while not has_exited(pid):
         if time.monotonic() > deadline:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             deadline += timeout
         time.sleep(0.02)
-
-
-def _exited(pid: int) -> bool:
-    """Gone, or a zombie whose threads have all exited. The detached server is an orphan: PID
-    1 reaps it when it gets to it (a second later on some VMs; never, in a container whose
-    PID 1 does not reap), but such a zombie has released its port, its files and its memory.
-    (While its other threads are still exiting, the main thread is a zombie already.)"""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-    except OSError:
-        return True
-    return fields["State"].split()[0] == "Z" and int(fields["Threads"]) <= 1
 
 
 @contextlib.contextmanager

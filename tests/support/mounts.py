@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from refmount.base.spawn import has_exited as spawn_has_exited
 from support.datasets import Datasets
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,19 +106,13 @@ def daemon_procs(mnt: str | os.PathLike) -> list[psutil.Process]:
 
 
 def has_exited(p: psutil.Process) -> bool:
-    """Gone, or a zombie whose threads have all exited: it holds nothing (no mount, no
-    descriptor, no memory). A daemon is an orphan, reaped by PID 1 when PID 1 gets to it; on
-    these VMs that is a second or two later, which is not the daemon's exit time. The thread
-    count matters: a process's main thread is a zombie while its other threads may still be
-    exiting, and closing the FUSE device with them."""
+    """Gone (or its PID taken by another process), or a zombie with no thread left
+    (``refmount.base.spawn.has_exited``): not when PID 1 reaps it, on these VMs a second or two
+    after the daemon exited."""
     try:
-        if not p.is_running():
-            return True
-        with open(f"/proc/{p.pid}/status") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-    except (psutil.NoSuchProcess, OSError):
+        return not p.is_running() or spawn_has_exited(p.pid)
+    except psutil.NoSuchProcess:
         return True
-    return fields["State"].split()[0] == "Z" and int(fields["Threads"]) <= 1
 
 
 def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
