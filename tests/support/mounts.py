@@ -85,7 +85,8 @@ def is_mounted(path: str | os.PathLike) -> bool:
 
 
 def daemon_procs(mnt: str | os.PathLike) -> list[psutil.Process]:
-    """Processes (other than us) whose command line names ``mnt`` and refmount."""
+    """Processes (other than us) whose command line names ``mnt`` and refmount, and that have
+    not exited (:func:`has_exited`)."""
     mnt = os.path.abspath(mnt)
     me = os.getpid()
     found = []
@@ -100,7 +101,7 @@ def daemon_procs(mnt: str | os.PathLike) -> list[psutil.Process]:
         if any(a.rstrip("/") == mnt for a in args) and any("refmount" in a for a in args):
             with contextlib.suppress(psutil.Error):
                 p = psutil.Process(int(pid_s))
-                if p.status() != psutil.STATUS_ZOMBIE:
+                if not has_exited(p):
                     found.append(p)
     return found
 
