@@ -278,10 +278,10 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
     policy = target_policy(cfg)
     user_rules = TargetRules.from_json(cfg.targets)
     fmt = format_named(index_file.kind)
+    access = VirtualAccess(user_rules, cfg.allow_local, pins if cfg.virtual_pins else None)
     opened = fmt.open_tree(index_file, cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
                            limits=Limits.from_config(cfg), relative=policy.relative,
-                           access=VirtualAccess(user_rules, cfg.allow_local,
-                                                pins if cfg.virtual_pins else None))
+                           access=access)
     rules = with_own_objects(user_rules, opened.own_objects)
     credentials = RuleCredentials(rules.rules, shown=stats.credentials)  # their processes
     fetcher = Fetcher(
@@ -296,6 +296,7 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
         rules=rules,
         credentials=credentials if credentials else None,
         pins=pins,
+        virtual=access,
     )
     disk = writer = None
     if cfg.disk_cache:

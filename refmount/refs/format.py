@@ -40,6 +40,10 @@ class Access(Protocol):
         """The version of ``url`` a reference recorded (an ETag, or a time in seconds since the
         epoch it was not modified after), to be checked when it is read."""
 
+    def declare(self, containers: list[str]) -> None:
+        """The virtual chunk containers (URL prefixes) the set declares: a redirect of a
+        virtual chunk is followed only under one of them."""
+
 
 @dataclass
 class OpenedTree:

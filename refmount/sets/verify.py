@@ -36,6 +36,7 @@ from refmount.targets.pins import Version
 
 if TYPE_CHECKING:
     from refmount.config import MountConfig
+    from refmount.targets.virtualaccess import VirtualAccess
 
 STATUSES = ("ok", "missing", "forbidden", "short", "changed", "error")
 
@@ -207,9 +208,10 @@ async def check_targets(fetcher: VersionSource, extents: dict[str, int], *, jobs
     return reports
 
 
-def set_extents(cfg: MountConfig) -> dict[str, int]:
+def set_extents(cfg: MountConfig, access: VirtualAccess | None = None) -> dict[str, int]:
     """The furthest byte read from each target of SOURCE (parsed under the mount's limits
-    into a temporary index; a set read lazily, reference by reference)."""
+    into a temporary index; a set read lazily, reference by reference). ``access``: what
+    authorises virtual chunks (one of the mount's kind, without pins, if not given)."""
     import contextlib
     import os
 
@@ -226,7 +228,8 @@ def set_extents(cfg: MountConfig) -> dict[str, int]:
         from refmount.targets.virtualaccess import VirtualAccess
 
         revision = {"snapshot": index_file.revision} if index_file.revision else None
-        access = VirtualAccess(TargetRules.from_json(cfg.targets), cfg.allow_local, None)
+        if access is None:
+            access = VirtualAccess(TargetRules.from_json(cfg.targets), cfg.allow_local, None)
         return extents_of(format_named(index_file.kind).references(
             cfg.source, cfg.target_options, revision=revision, access=access))
     finally:
@@ -244,13 +247,16 @@ def verify_set(cfg: MountConfig, *, jobs: int) -> list[TargetReport]:
     from refmount.targets.pins import read_pins
     from refmount.targets.policy import target_policy
     from refmount.targets.rules import TargetRules
+    from refmount.targets.virtualaccess import VirtualAccess
 
     pins = read_pins(cfg.pins) if cfg.pins else None
+    rules = TargetRules.from_json(cfg.targets)
+    access = VirtualAccess(rules, cfg.allow_local, None)  # learns the virtual chunk containers
     with Progress(f"indexing {redact_url(cfg.source)}", keys=False):
-        extents = set_extents(cfg)
+        extents = set_extents(cfg, access)
     fetcher = Fetcher(cfg.remote_options, target_policy(cfg), timeout=cfg.timeout,
                       retries=cfg.retries, max_connections=cfg.max_connections, stats=Stats(),
-                      rules=TargetRules.from_json(cfg.targets))  # read where a mount reads them
+                      rules=rules, virtual=access)  # read (and redirected) where a mount reads them
     reports: list[TargetReport] = []
 
     async def main(progress: Progress) -> None:

@@ -2,7 +2,9 @@
 ``Fetcher``, each target read where its target rule says, with the rule's options
 (``targets/filesystems.py``), under one deadline with retries and mirrors
 (``targets/retries.py``), neighbouring ranges merged into one request, HTTP ranges checked
-(``targets/httpread.py``) and only the pinned version of a target served (``-o pins``).
+(``targets/httpread.py``) and only the pinned version of a target served (``-o pins``). An HTTP
+redirect is a new target: followed only where ``targets/redirects.py`` allows, with the options
+of the rule that covers its location.
 
 The daemon runs trio as a guest of an asyncio loop and fsspec's async filesystems are bound
 to it (``targets/filesystems.py``). Every fetch has a deadline covering its retries; cancellation
@@ -17,6 +19,7 @@ import errno
 import functools
 import logging
 import sys
+from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -36,8 +39,10 @@ from refmount.targets.inflight import LinkEstimates
 from refmount.targets.pins import Pins, Version, VersionChanged
 from refmount.targets.policy import TargetPolicy
 from refmount.targets.rangeanswers import RangesIgnored, ShortRead, Sink, past_end
+from refmount.targets.redirects import Redirected, RedirectPolicy, RedirectRefused
 from refmount.targets.retries import Retries
-from refmount.targets.rules import TargetRules
+from refmount.targets.rules import Rule, TargetRules
+from refmount.targets.virtualaccess import VirtualAccess
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +104,14 @@ class Fetcher(FileSystems, Retries):
         rules: TargetRules | None = None,
         credentials: CredentialProvider | None = None,
         pins: Pins | None = None,
+        virtual: VirtualAccess | None = None,
     ) -> None:
         self.remote_options = remote_options
         self.pins = pins  # -o pins: only the pinned version of each target is served
         self.rules = rules if rules is not None else TargetRules()
+        # Which HTTP redirects are followed (``virtual``: the set's virtual chunks, if any).
+        self.redirects = RedirectPolicy(self.rules, policy, virtual)
+        self._refusals: LRU[str, bool] = LRU(1024)  # refused redirects already logged
         self._credentials = credentials
         # Routes are asked for by every disk-cache key (worker threads too): lru_cache locks.
         self._route = functools.lru_cache(maxsize=1 << 16)(functools.partial(policy.route, self.rules))
@@ -262,8 +271,8 @@ class Fetcher(FileSystems, Retries):
                     raise FetchError(target, reason, errno.EACCES)
                 # The body streams to ``sink`` only where it is read on trio's own thread.
                 streams = sink is not None and self._loop is not None and getattr(fs, "asynchronous", False)
-                data = await self._run(fs, http_range(fs, path, start, end, upto, pin,
-                                                      sink if streams else None))
+                data = await self._http(url, rule, target, fs, path, lambda fs, path: http_range(
+                    fs, path, start, end, upto, pin, sink if streams else None))
                 if isinstance(data, int):  # streamed: checked as it came (http_range)
                     if upto and not data:
                         raise ValueError(f"nothing at {start}: past the end of the target")
@@ -334,14 +343,16 @@ class Fetcher(FileSystems, Retries):
 
         async def op(target: str) -> int:
             fs, path = await self._open(rule, target)
-            info = await self._call(target, fs, "info", path)
-            size = info.get("size")
-            if pin is not None and (why := pin.mismatch(Version.from_info(info))) is not None:
+            if is_http(fs):  # its HEAD, redirects followed as allowed (never by fsspec's info)
+                seen = await self._http_version(url, rule, target, fs, path)
+            else:
+                seen = Version.from_info(await self._call(target, fs, "info", path))
+            if pin is not None and (why := pin.mismatch(seen)) is not None:
                 assert self.pins is not None
                 raise self.pins.refuse(url, why)
-            if size is None:
+            if seen.size is None:
                 raise FetchError(url, "size: the storage does not report a size")
-            return int(size)
+            return seen.size
 
         return await self._with_retries(url, "size", op)
 
@@ -354,12 +365,39 @@ class Fetcher(FileSystems, Retries):
         async def op(target: str) -> Version:
             fs, path = await self._open(rule, target)
             if is_http(fs):
-                reason = self.policy.problem(target, resolve=False)
-                if reason:
-                    raise FetchError(target, reason, errno.EACCES)
-                return await self._run(fs, http_version(fs, path))  # type: ignore[no-any-return]
+                return await self._http_version(url, rule, target, fs, path)
             with contextlib.suppress(Exception):
                 fs.invalidate_cache(path)
             return Version.from_info(await self._call(target, fs, "info", path))
 
         return await self._with_retries(url, "version", op)  # type: ignore[no-any-return]
+
+    async def _http_version(self, url: str, rule: Rule | None, target: str, fs: AbstractFileSystem,
+                            path: str) -> Version:
+        reason = self.policy.problem(target, resolve=False)
+        if reason:
+            raise FetchError(target, reason, errno.EACCES)
+        return await self._http(url, rule, target, fs, path, http_version)  # type: ignore[no-any-return]
+
+    async def _http(self, url: str, rule: Rule | None, target: str, fs: AbstractFileSystem, path: str,
+                    call: Callable[[AbstractFileSystem, str], Coroutine[Any, Any, Any]]) -> Any:
+        """``call(fs, path)``, a request of ``targets/httpread.py`` for the target ``url`` read
+        from ``target`` under ``rule``; a redirect it answers is followed where
+        ``self.redirects`` allows (the next request with the options of the rule that covers
+        the location, on that rule's file system), else the read fails with a FetchError that
+        names the redirect (logged once as a warning)."""
+        chain = [target]
+        while True:
+            try:
+                return await self._run(fs, call(fs, path))
+            except Redirected as redirect:
+                try:
+                    hop = self.redirects.follow(url, rule, chain, redirect)
+                except RedirectRefused as e:
+                    why = str(e)
+                    if self._refusals.get(why) is None:
+                        self._refusals.put(why, True)
+                        log.warning("target %s: %s", redact_url(url), why)
+                    raise FetchError(url, why, errno.EACCES) from None
+                chain.append(hop.url)
+                fs, path = await self._open(hop.rule, hop.url)

@@ -1,6 +1,7 @@
 """Reading a byte range, or the version, of an HTTP target through fsspec's aiohttp session,
 checked: the status and Content-Range asked for, the pinned version before any of the body,
-and a body never read past the range."""
+and a body never read past the range. A redirect is never followed here: it is raised
+(``Redirected``) for the fetcher to decide on (targets/redirects.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,25 @@ from typing import Any
 
 from refmount.targets.pins import Version, VersionChanged
 from refmount.targets.rangeanswers import RangesIgnored, ShortRead, Sink, past_end
+from refmount.targets.redirects import STATUSES, Redirected
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+
+
+def request_options(fs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(request keyword arguments, headers) of fsspec's HTTP file system ``fs``, with
+    redirects not followed by the client, whatever the storage options say."""
+    kw = fs.kwargs.copy()
+    kw.pop("allow_redirects", None)
+    kw.pop("max_redirects", None)
+    kw["allow_redirects"] = False
+    return kw, dict(kw.pop("headers", None) or {})
+
+
+def check_redirect(r: Any) -> None:
+    """``Redirected`` if response ``r`` is a redirect (before any of its body is read)."""
+    if r.status in STATUSES:
+        raise Redirected(r.status, r.headers.get("Location"))
 
 
 def check_response(pin: Version | None, headers: Any, size: int | None) -> None:
@@ -36,13 +54,13 @@ async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False
 
     With ``sink``, the body goes to it as it arrives, once the headers have been checked
     (never past the range asked for), and the number of its bytes is returned instead."""
-    kw = fs.kwargs.copy()
-    headers = kw.pop("headers", {}).copy()
+    kw, headers = request_options(fs)
     headers["Range"] = f"bytes={start}-{end - 1}"
     if pin is not None and pin.strong_etag is not None:
         headers["If-Match"] = pin.strong_etag
     session = await fs.set_session()
     async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
+        check_redirect(r)
         if r.status == 404:
             raise FileNotFoundError(url)
         if r.status == 412 and pin is not None:
@@ -99,13 +117,14 @@ async def http_version(fs: Any, url: str) -> Version:
     """The version of an HTTP target: a ``HEAD`` (its Content-Length, ETag, Last-Modified); a
     ``GET`` of its first byte where the HEAD tells no size (the total of its Content-Range).
     FileNotFoundError for 404/410, PermissionError for 401/403."""
-    kw = fs.kwargs.copy()
-    headers = {**kw.pop("headers", {}), "Accept-Encoding": "identity"}
+    kw, headers = request_options(fs)
+    headers["Accept-Encoding"] = "identity"
     session = await fs.set_session()
     for method in ("HEAD", "GET"):
         extra = {"Range": "bytes=0-0"} if method == "GET" else {}
         async with session.request(method, fs.encode_url(url), headers={**headers, **extra},
                                    **kw) as r:
+            check_redirect(r)
             if r.status in (404, 410):
                 raise FileNotFoundError(url)
             if r.status in (401, 403):

@@ -105,6 +105,10 @@ class TargetRules:
         # By (local?, prefix text): a URL is matched by looking up its own prefixes that end
         # at a segment boundary, longest first — a few lookups per URL, however many rules.
         self._by_prefix = {_match_key(r.prefix): r for r in self.rules}
+        # By where their options are sent: a rule's rewrites (its mirrors), or its prefix when
+        # it has none; a rule whose own prefix it is wins over one that rewrites to it.
+        self._by_reach = {_match_key(m): r for r in self.rules for m in r.rewrite}
+        self._by_reach.update((_match_key(r.prefix), r) for r in self.rules if not r.rewrite)
 
     def __bool__(self) -> bool:
         return bool(self.rules)
@@ -114,28 +118,27 @@ class TargetRules:
 
     def match(self, url: str) -> Rule | None:
         """The rule whose prefix is the longest that matches ``url`` (None: no rule)."""
-        if not self._by_prefix:
-            return None
-        local, text = _match_key(url)
-        rule = self._by_prefix.get((local, text))
-        if rule is not None:
-            return rule
-        # The prefixes of ``text`` a rule may have: up to a "/" (a prefix ending with "/")
-        # or up to just before one (a prefix matched on the segment boundary). A rule does not
-        # apply when what follows its prefix climbs out of it ("..": a client would request
-        # another path than the one under the prefix, with the rule's options).
-        at = len(text)
-        while (at := text.rfind("/", 0, at)) >= 0:
-            segment = text[at + 1 :].split("/", 1)[0]
-            if segment == ".." or (not local and climbs(segment)):
-                # this and every shorter prefix would be climbed out of (a remote URL's
-                # segment however escaped: "%2e%2e" is decoded by normal_url, "..%2F" or
-                # "..\\" by a server)
-                break
-            rule = self._by_prefix.get((local, text[: at + 1])) or self._by_prefix.get((local, text[:at]))
-            if rule is not None:
-                return rule
-        return None
+        return _longest(self._by_prefix, url)
+
+    def reaching(self, url: str) -> Rule | None:
+        """The rule whose options may be sent to ``url`` as it is read (None: none's may): the
+        one with the longest of the prefixes its targets are read under (its rewrites, or its
+        prefix when it has none) that matches ``url``, on the same segment boundaries and
+        refusing the same ``..`` as ``match``. A redirect's location is read with this rule's
+        options, or refused (``targets/redirects.py``)."""
+        return _longest(self._by_reach, url)
+
+    @staticmethod
+    def name_of(rule: Rule, url: str) -> str:
+        """The target that ``rule`` reads from ``url`` (a URL it reaches): ``url`` itself for a
+        rule without rewrites, else its prefix followed by what follows the rewrite ``url``
+        lies under (the longest)."""
+        text = _match_key(url)[1]
+        for mirror in sorted(rule.rewrite, key=len, reverse=True):
+            m = _match_key(mirror)[1]
+            if text == m or text.startswith(m if m.endswith("/") else m + "/"):
+                return rule.prefix + text[len(m):]
+        return url
 
     def route(self, url: str) -> Route:
         """Where ``url`` (as the mount resolves it) is read: the rewrites of the rule that
@@ -152,6 +155,32 @@ class TargetRules:
     @classmethod
     def from_json(cls, rules: Any) -> TargetRules:
         return cls(parse_rules(rules))
+
+
+def _longest(by_prefix: Mapping[tuple[bool, str], Rule], url: str) -> Rule | None:
+    """The rule of ``by_prefix`` whose prefix is the longest that matches ``url``."""
+    if not by_prefix:
+        return None
+    local, text = _match_key(url)
+    rule = by_prefix.get((local, text))
+    if rule is not None:
+        return rule
+    # The prefixes of ``text`` a rule may have: up to a "/" (a prefix ending with "/")
+    # or up to just before one (a prefix matched on the segment boundary). A rule does not
+    # apply when what follows its prefix climbs out of it ("..": a client would request
+    # another path than the one under the prefix, with the rule's options).
+    at = len(text)
+    while (at := text.rfind("/", 0, at)) >= 0:
+        segment = text[at + 1 :].split("/", 1)[0]
+        if segment == ".." or (not local and climbs(segment)):
+            # this and every shorter prefix would be climbed out of (a remote URL's
+            # segment however escaped: "%2e%2e" is decoded by normal_url, "..%2F" or
+            # "..\\" by a server)
+            break
+        rule = by_prefix.get((local, text[: at + 1])) or by_prefix.get((local, text[:at]))
+        if rule is not None:
+            return rule
+    return None
 
 
 def options_for(rule: Rule | None, remote_options: Mapping[str, Any]) -> dict[str, Any]:

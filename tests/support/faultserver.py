@@ -30,6 +30,10 @@
                    gzip file served as a gzip-encoded transfer of what it holds; a bomb stays
                    a few bytes on disk); with ``methods=("GET", "HEAD")`` HEAD says so too
 
+  ``redirect``     answer ``status`` (301, 302, 303, 307, 308) with ``Location: <location>``
+                   (an absolute URL, a path, or anything else a hostile server may send; empty:
+                   no ``Location`` header)
+
   Faults apply to ``GET`` unless ``methods`` says otherwise, and with ``min_bytes`` only to a
   request whose ``Range: bytes=a-b`` asks for at least that many bytes (others pass it by).
 * Every request is recorded (:class:`Request`: time, method, path, query, headers, status,
@@ -63,7 +67,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 FAULT_KINDS = ("status", "drop", "short", "extra", "ignore_range", "wrong_range", "stall",
-               "stall_body", "delay", "endless", "encoded")
+               "stall_body", "delay", "endless", "encoded", "redirect")
 MAX_STALL = 120.0  # no stall lasts longer than this, whatever the test asks
 TOKEN_PATH = "/_token"  # issues bearer tokens once require_bearer() is on
 
@@ -78,6 +82,7 @@ class Fault:
     shift: int = 1  # offset added by "wrong_range"
     seconds: float = 30.0  # length of "stall" / "stall_body"
     encoding: str = "gzip"  # the Content-Encoding of "encoded"
+    location: str = ""  # the Location of "redirect"
     methods: tuple[str, ...] = ("GET",)
     min_bytes: int = 0  # only requests asking for a range at least this long
     used: int = 0
@@ -181,6 +186,12 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and fault.kind == "status":
             body = f"{fault.status} injected by faultserver\n".encode()
             self._send(rec, fault.status, {"Content-Type": "text/plain",
+                                           "Content-Length": str(len(body))}, body, head)
+            return
+        if fault is not None and fault.kind == "redirect":
+            body = b"redirected by faultserver\n"
+            where = {"Location": fault.location} if fault.location else {}
+            self._send(rec, fault.status, {"Content-Type": "text/plain", **where,
                                            "Content-Length": str(len(body))}, body, head)
             return
         if fault is not None and fault.kind == "stall":
@@ -391,6 +402,11 @@ class FaultServer:
         with self._lock:
             self._faults.setdefault(self._key(path), []).append(fault)
         return fault
+
+    def redirect(self, path: str, location: str, status: int = 302) -> Fault:
+        """Make ``path`` answer every GET and HEAD with a redirect to ``location``."""
+        return self.add_fault(path, "redirect", None, status=status, location=location,
+                              methods=("GET", "HEAD"))
 
     def set_faults(self, path: str, faults: list[Fault]) -> None:
         with self._lock:

@@ -110,6 +110,8 @@ class ChunkRefs:
         self.repo = repo
         self.containers = list(repo.virtual_chunk_containers())
         self.access = access
+        if access is not None:
+            access.declare(self.containers)
 
     def container(self, url: str) -> str | None:
         covering = [p for p in self.containers if _covers(p, url)]
