@@ -57,6 +57,23 @@ async def await_task(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, 
     return task.result()
 
 
+def redirects_refused(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for the chained URL ``url`` with its HTTP links made to refuse any
+    redirect: fsspec reads them itself (not through ``targets/httpread.py``, where redirects
+    are decided on), and aiohttp raises ``TooManyRedirects`` at the first redirect when
+    ``max_redirects`` is 1 (0 would mean no limit)."""
+    links = {protocol(link) for link in url.split("::")} & {"http", "https"}
+    if not links:
+        return options
+    out = dict(options)
+    for name in links:
+        link = dict(out.get(name) or {})
+        link.pop("allow_redirects", None)
+        link["max_redirects"] = 1
+        out[name] = link
+    return out
+
+
 class FileSystems:
     """The file systems and routes of a ``Fetcher`` (its ``__init__`` sets the attributes)."""
 
@@ -164,7 +181,7 @@ class FileSystems:
         path in it."""
         generation, options = await self._options_for(rule)
         if is_chained(url):  # chained URL: let fsspec build the chain each time (cached inside)
-            return url_to_fs(url, **options)
+            return url_to_fs(url, **redirects_refused(url, options))
         name = protocol(url)
         key = (rule.number if rule is not None else 0, generation, name)
         fs = self._fs.get(key)

@@ -260,3 +260,48 @@ def test_closing_one_fetcher_leaves_the_others_on_the_loop_reading(tmp_path):
 
         guestloop.run(main, on_loop=on_loop, before_close=second.aclose)
         assert got == [server.content(0, 100), server.content(100, 200)]
+
+
+def test_redirects_of_version_probes_and_chained_http_links(tmp_path):
+    """The version probe (what pins and ``refmount verify`` ask: a HEAD) follows a redirect only
+    as a read does: out of the rule's prefix it fails naming the redirect and the location is
+    never requested; to a location a rule covers it is that rule's header that is sent. A
+    chained URL's HTTP link (read by fsspec itself) refuses every redirect."""
+    import json as _json
+
+    from support.faultserver import FaultServer
+
+    from refmount.targets.rules import TargetRules
+
+    (tmp_path / "srv").mkdir()
+    with FaultServer(tmp_path / "srv") as srv:
+        a = srv.url
+        srv.put("obj", b"OUTSIDE" * 10)
+        srv.put("pub/a", b"INSIDE" * 10)
+        srv.put("dest/b", b"DEST" * 10)
+        srv.redirect("/pub/same", f"{a}/obj")
+        srv.redirect("/pub/ok", f"{a}/dest/b")
+        rules = TargetRules.from_json(_json.loads(_json.dumps([
+            {"prefix": f"{a}/pub/", "options": {"headers": {"X-Key": "SENTINEL-A"}}},
+            {"prefix": f"{a}/dest/", "options": {"headers": {"X-Key": "dest"}}}])))
+        f = fetcher(tmp_path, rules=rules)
+
+        async def probe(url: str) -> object:
+            try:
+                return await f.version(url)
+            except FetchError as e:
+                return e
+
+        refused = trio.run(probe, f"{a}/pub/same")
+        assert isinstance(refused, FetchError)
+        assert f"redirect (302) from {a}/pub/same to {a}/obj not followed" in str(refused)
+        assert srv.count("/obj", None) == 0
+        ok = trio.run(probe, f"{a}/pub/ok")
+        assert not isinstance(ok, FetchError) and ok.size == 40
+        assert [r.headers.get("X-Key") for r in srv.log("/dest/b", None)] == ["dest"]
+
+        plain = fetcher(tmp_path)
+        assert trio.run(plain.cat_range, f"simplecache::{a}/pub/a", 0, 6) == b"INSIDE"
+        with pytest.raises(FetchError):
+            trio.run(plain.cat_range, f"simplecache::{a}/pub/same", 0, 6)
+        assert srv.count("/obj", None) == 0
