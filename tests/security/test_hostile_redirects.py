@@ -173,3 +173,42 @@ def test_a_virtual_chunk_is_not_redirected_out_of_its_container(mount, serve, sr
     moved = srv.log("/files/moved.nc", None)
     assert moved and all(r.headers.get("Authorization") == TOKEN_A for r in moved)
     assert other.count(None, None) == 0
+
+
+def test_a_data_server_redirecting_to_a_signed_object_store_url(serve, srv, tmp_path):
+    """Earthdata's way: the data server wants a bearer token and answers an authorised request
+    with a redirect to a presigned URL of an object store (moto's S3 server). A rule with no
+    options for the object store's endpoint is what allows it: the bytes come from the store.
+    Without that rule the read is a 502 whose log line names the redirect and says to add a
+    rule; the token is never sent to the store's host."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    import s3fs
+    from support.servers import moto_s3
+
+    payload = bytes(range(256)) * 40
+    with moto_s3({"granules/g1.nc": payload}) as endpoint:
+        store = s3fs.S3FileSystem(key="test", secret="test", skip_instance_cache=True,
+                                  client_kwargs={"endpoint_url": endpoint, "region_name": "eu-west-1"})
+        signed = store.url("granules/g1.nc", expires=600)
+        assert signed.startswith(endpoint) and "Signature" in signed
+        srv.put("data/g1.nc", b"never served: the data server only redirects")
+        srv.redirect("/data/g1.nc", signed, status=307)
+        srv.require_bearer(600)
+        token = "Bearer " + str(srv.issue_token()["token"])
+        src = tmp_path / "refs.json"
+        src.write_text(json.dumps({"version": 1, "refs": {
+            "g1": [f"{srv.url}/data/g1.nc", 1000, 5000]}}))
+        server_rule = {"prefix": f"{srv.url}/data/", "options": {"headers": {"Authorization": token}}}
+        alone = serve(src, "targets=" + json.dumps([server_rule]), "no_disk_cache", "retries=0")
+        assert alone.request("GET", "/g1").status == 502
+        log = alone.log_text()
+        assert f"redirect (307) from {srv.url}/data/g1.nc to {endpoint}/granules/g1.nc" in log
+        assert "no rule covers the location" in log
+        signature = [v for k, v in parse_qsl(urlsplit(signed).query) if "Signature" in k]
+        assert signature and not any(v in log for v in signature)  # redacted
+        both = serve(src, "targets=" + json.dumps([server_rule, {"prefix": f"{endpoint}/granules/"}]),
+                     "no_disk_cache", "retries=0")
+        r = both.request("GET", "/g1")
+        assert r.status == 200 and r.body == payload[1000:6000]
+        assert all(r.headers.get("Authorization") == token for r in srv.log("/data/g1.nc", None))
