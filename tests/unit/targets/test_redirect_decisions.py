@@ -163,3 +163,27 @@ def test_a_virtual_container_read_through_a_rewrite():
     assert "outside every virtual chunk container" in why
     why = refused(rs, target, [f"{A}/files/virtual.nc"], f"{A}/elsewhere", virtual=access)
     assert "no rule covers the location" in why
+
+
+def test_http_links_of_a_chained_url_refuse_redirects():
+    from refmount.targets.filesystems import redirects_refused
+
+    options = {"https": {"allow_redirects": True, "headers": {"X": "1"}}, "anon": True}
+    out = redirects_refused("simplecache::https://h/x", options)
+    assert out == {"https": {"headers": {"X": "1"}, "max_redirects": 1}, "anon": True}
+    assert options["https"]["allow_redirects"] is True  # (not changed in place)
+    assert redirects_refused("zip://a::http://[::1]/z.zip", {}) == {"http": {"max_redirects": 1}}
+    assert redirects_refused("simplecache::s3://b/k", options) is options
+
+
+def test_requests_never_follow_redirects_whatever_the_options_say():
+    from types import SimpleNamespace
+
+    from refmount.targets.httpread import request_options
+
+    fs = SimpleNamespace(kwargs={"allow_redirects": True, "max_redirects": 30,
+                                 "headers": {"Authorization": "x"}, "timeout": 5})
+    kw, headers = request_options(fs)
+    assert kw == {"allow_redirects": False, "timeout": 5} and headers == {"Authorization": "x"}
+    headers["Range"] = "bytes=0-1"
+    assert fs.kwargs["headers"] == {"Authorization": "x"}
