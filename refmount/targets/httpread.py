@@ -115,7 +115,8 @@ async def http_range(fs: Any, url: str, start: int, end: int, upto: bool = False
 
 async def http_version(fs: Any, url: str) -> Version:
     """The version of an HTTP target: a ``HEAD`` (its Content-Length, ETag, Last-Modified); a
-    ``GET`` of its first byte where the HEAD tells no size (the total of its Content-Range).
+    ``GET`` of its first byte where the HEAD tells no size (the total of its Content-Range) or
+    is forbidden (``403``: a URL presigned for GET only).
     FileNotFoundError for 404/410, PermissionError for 401/403."""
     kw, headers = request_options(fs)
     headers["Accept-Encoding"] = "identity"
@@ -127,6 +128,10 @@ async def http_version(fs: Any, url: str) -> Version:
             check_redirect(r)
             if r.status in (404, 410):
                 raise FileNotFoundError(url)
+            if r.status == 403 and method == "HEAD":
+                # A URL presigned for GET (an object store's signature covers the method, as
+                # where Earthdata redirects to): asked by GET.
+                continue
             if r.status in (401, 403):
                 raise PermissionError(errno.EACCES, f"HTTP {r.status} {r.reason or ''}".strip())
             if method == "GET" and r.status == 416:  # empty: bytes */0

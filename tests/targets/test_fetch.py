@@ -299,6 +299,12 @@ def test_redirects_of_version_probes_and_chained_http_links(tmp_path):
         ok = trio.run(probe, f"{a}/pub/ok")
         assert not isinstance(ok, FetchError) and ok.size == 40
         assert [r.headers.get("X-Key") for r in srv.log("/dest/b", None)] == ["dest"]
+        # a destination presigned for GET only (S3 answers HEAD 403): its size by a GET
+        srv.reset_log()
+        srv.add_fault("/dest/b", "status", None, status=403, methods=("HEAD",))
+        ok = trio.run(probe, f"{a}/pub/ok")
+        assert not isinstance(ok, FetchError) and ok.size == 40, ok
+        assert [(r.method, r.status) for r in srv.log("/dest/b", None)] == [("HEAD", 403), ("GET", 206)]
 
         plain = fetcher(tmp_path)
         assert trio.run(plain.cat_range, f"simplecache::{a}/pub/a", 0, 6) == b"INSIDE"
