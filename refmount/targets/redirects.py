@@ -79,15 +79,19 @@ class RedirectPolicy:
         if redirect.location is None or not redirect.location.strip():
             raise RedirectRefused(f"HTTP {redirect.status} from {redact_url(here)} without a "
                                   "Location: nothing to follow")
-        location = urljoin(here, redirect.location.strip()).partition("#")[0]
+        location = redirect.location.strip()
 
         def refuse(reason: str) -> RedirectRefused:
             return RedirectRefused(f"redirect ({redirect.status}) from {redact_url(here)} to "
-                                   f"{redact_url(location)} not followed: {reason}")
+                                   f"{redact_url(location)[:500]} not followed: {reason}")
 
+        try:
+            location = urljoin(here, location).partition("#")[0]
+            scheme = urlsplit(location).scheme.lower() if "://" in location else ""
+        except ValueError as e:  # (an unclosed "[" of an IPv6 host, ...)
+            raise refuse(f"not a URL ({e})") from None
         if len(chain) > self.max_hops:
             raise refuse(f"more than {self.max_hops} redirects")
-        scheme = urlsplit(location).scheme.lower() if "://" in location else ""
         if scheme not in SCHEMES or is_chained(location):
             raise refuse("only an http:// or https:// location is followed (a server does not "
                          "choose a local file or another protocol for this mount to read)")

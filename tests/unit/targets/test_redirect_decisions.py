@@ -187,3 +187,9 @@ def test_requests_never_follow_redirects_whatever_the_options_say():
     assert kw == {"allow_redirects": False, "timeout": 5} and headers == {"Authorization": "x"}
     headers["Range"] = "bytes=0-1"
     assert fs.kwargs["headers"] == {"Authorization": "x"}
+
+
+@pytest.mark.parametrize("location", ["http://[invalid/x", "https://[::1/x"])
+def test_a_location_that_is_no_url_is_refused_naming_it(location):
+    with pytest.raises(RedirectRefused, match=r"redirect \(302\) from http://127.0.0.1:8001/pub/a to "):
+        decide(PUB, f"{A}/pub/a", [f"{A}/pub/a"], location)
