@@ -75,12 +75,14 @@ def _formats() -> tuple[Format, ...]:
     return (IcechunkFormat(), ParquetFormat(), JsonFormat())
 
 
-def detect_format(source: str, target_options: Mapping[str, Any], named: str | None = None) -> Format:
-    """SOURCE's format: the one ``named`` (``-o format=``), else the first that detects it."""
+def detect_format(source: str, target_options: Mapping[str, Any], named: str | None = None,
+                  roots: tuple[str, ...] | None = None) -> Format:
+    """SOURCE's format: the one ``named`` (``-o format=``), else the first that detects it
+    (``roots``: where a local SOURCE's files are opened, confined; see ``Format.detect``)."""
     if named:
         return format_named(named)
     for fmt in _formats():
-        if fmt.detect(source, target_options):
+        if fmt.detect(source, target_options, roots=roots):
             return fmt
     raise ReferenceSetError(f"{source}: not a reference set of a known format")
 
@@ -103,15 +105,17 @@ def prepare_index(source: str, target_options: Mapping[str, Any], *, bad_keys: s
 
     limits = limits or DEFAULT_LIMITS
     timeout = None if is_local(source) else limits.source_timeout
-    fmt = within(timeout, source, detect_format, source, target_options, format)
+    fmt = within(timeout, source, detect_format, source, target_options, format, limits.source_roots)
     return fmt.prepare(source, target_options, bad_keys=bad_keys, limits=limits,
                        cache_dir=cache_dir, revision=revision)
 
 
 def revision_identity(source: str, target_options: Mapping[str, Any], *, timeout: float | None,
-                      format: str | None = None, revision: Mapping[str, str] | None = None) -> str | None:
+                      format: str | None = None, revision: Mapping[str, str] | None = None,
+                      roots: tuple[str, ...] | None = None) -> str | None:
     """What names the revision of SOURCE served now, when its format has revisions (an Icechunk
-    branch's head), within ``timeout``; None for a format whose files' stamps tell a change."""
+    branch's head), within ``timeout``; None for a format whose files' stamps tell a change.
+    ``roots``: a local SOURCE's files are opened beneath them, confined (``Format.detect``)."""
     if format is None and is_local(source):
         import os
 
@@ -119,8 +123,8 @@ def revision_identity(source: str, target_options: Mapping[str, Any], *, timeout
             return None  # a file: a JSON set, known by its stamps
     if format is None and source.split("?", 1)[0].endswith(FILE_SUFFIXES):
         return None  # a JSON file by its name: no requests asking whether it is a repository
-    fmt = within(timeout, source, detect_format, source, target_options, format)
-    return within(timeout, source, fmt.identity, source, target_options, revision)
+    fmt = within(timeout, source, detect_format, source, target_options, format, roots)
+    return within(timeout, source, fmt.identity, source, target_options, revision, roots)
 
 
 REVISION_OPTIONS = ("branch", "tag", "snapshot")

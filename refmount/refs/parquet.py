@@ -30,7 +30,8 @@ class ParquetFormat(Format):
 
     name = "parquet"
 
-    def detect(self, source: str, target_options: Options) -> bool:
+    def detect(self, source: str, target_options: Options,
+               roots: tuple[str, ...] | None = None) -> bool:
         return parquet_root(source, dict(target_options)) is not None
 
     def prepare(self, source: str, target_options: Options, *, bad_keys: str = "error",
