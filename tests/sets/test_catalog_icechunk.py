@@ -110,16 +110,28 @@ def check_values(open_array, ds) -> None:
         np.testing.assert_array_equal(open_array(name)[...], ds[name].values)
 
 
-def test_repositories_of_a_catalogue_open_and_symlinks_into_private_ones_are_refused(
-        serve, mount, catalogue) -> None:
+def test_repositories_of_a_catalogue_open_beside_a_json_set(serve, mount, catalogue) -> None:
     import zarr
 
-    from refmount.sets.opensets import OPEN_FAILED
-
-    cat, ds, refused, _ = catalogue
+    cat, ds, _, _ = catalogue
     s = serve(cat, "catalog")
     assert s.request("GET", "/plain/k").body == b"plain bytes"
     check_values(lambda name: zarr.open_array(f"{s.url}ds/{name}", mode="r", zarr_format=3), ds)
+    assert s.stats()["set_states"]["ds"]["state"] == "open"
+
+    m = mount(cat, "catalog", "allow_other", mnt=mkdir_public(cat.parent / "mnt"))
+    check_values(lambda name: zarr.open_array(str(m.path / "ds" / name), mode="r", zarr_format=3), ds)
+    chunk = next(p for p in sorted((m.path / "ds" / "temp" / "c").rglob("*")) if p.is_file())
+    r = as_nobody("cat", str(chunk))
+    assert r.returncode == 0 and r.stdout == chunk.read_bytes() and r.stdout, r
+    assert as_nobody("cat", str(m.path / "plain" / "k")).stdout == b"plain bytes"
+
+
+def test_symlinks_into_private_repositories_are_refused(serve, mount, catalogue) -> None:
+    from refmount.sets.opensets import OPEN_FAILED
+
+    cat, _, refused, _ = catalogue
+    s = serve(cat, "catalog")
     for name, status in refused.items():
         r = s.request("GET", f"/{name}/a/c/0")
         assert SECRET not in r.body, name
@@ -129,8 +141,7 @@ def test_repositories_of_a_catalogue_open_and_symlinks_into_private_ones_are_ref
         else:
             assert r.status == status, (name, r)
     # the v2 repository whose chunks/ leads out: it opens, its native chunks are not read
-    r = s.request("GET", "/evil-chunks/zarr.json")
-    assert r.status == 200, r
+    assert s.request("GET", "/evil-chunks/zarr.json").status == 200
     native = _native_keys()
     assert native, "the v2 test repository has native chunks"
     for k in native[:3]:
@@ -140,11 +151,6 @@ def test_repositories_of_a_catalogue_open_and_symlinks_into_private_ones_are_ref
     assert "not through a symlink leaving it" in log, log
 
     m = mount(cat, "catalog", "allow_other", mnt=mkdir_public(cat.parent / "mnt"))
-    check_values(lambda name: zarr.open_array(str(m.path / "ds" / name), mode="r", zarr_format=3), ds)
-    chunk = next(p for p in sorted((m.path / "ds" / "temp" / "c").rglob("*")) if p.is_file())
-    r = as_nobody("cat", str(chunk))
-    assert r.returncode == 0 and r.stdout == chunk.read_bytes() and r.stdout, r
-    assert as_nobody("cat", str(m.path / "plain" / "k")).stdout == b"plain bytes"
     for name, status in refused.items():
         r = as_nobody("cat", str(m.path / name / "a" / "c" / "0"))
         assert r.returncode != 0 and SECRET not in r.stdout, (name, r)

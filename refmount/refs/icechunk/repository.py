@@ -189,11 +189,21 @@ class Repository:
         parts = []
         for k in ("branch", "tag"):
             names = sorted(refs[k] or [])
-            if not names:
+            shown_names: list[str] = []
+            checked = 0
+            for n in names:  # a version 1 deleted tag is a directory too: left out
+                if len(shown_names) == KNOWN_SHOWN or checked == 3 * KNOWN_SHOWN:
+                    break
+                checked += 1
+                if k == "branch" or self._info is not None or not self._storage.exists(
+                        f"refs/tag.{n}/ref.json.deleted"):
+                    shown_names.append(n)
+            if not shown_names:
                 parts.append(f"no {k}es" if k == "branch" else "no tags")
                 continue
-            more = f" and {len(names) - KNOWN_SHOWN:,} more" if len(names) > KNOWN_SHOWN else ""
-            shown = ", ".join(repr(n[:64]) for n in names[:KNOWN_SHOWN])
+            left = len(names) - checked
+            more = f" and {left:,} more" if left else ""
+            shown = ", ".join(repr(n[:64]) for n in shown_names)
             parts.append(f"{k}es {shown}{more}" if k == "branch" else f"tags {shown}{more}")
         return f"{hint} ({'; '.join(parts)})"
 

@@ -16,7 +16,7 @@ from support.icechunkrepos import V1Repo, write_v1_repo
 from refmount.refs import detect_format, revision_identity
 from refmount.refs.icechunk import IcechunkError, Repository
 from refmount.refs.icechunk.format import IcechunkFormat
-from refmount.refs.icechunk.storage import ObjectRefused, Storage, join
+from refmount.refs.icechunk.storage import Storage
 from refmount.refs.limits import Limits
 
 pytest.importorskip("icechunk")
@@ -76,6 +76,8 @@ def test_a_symlinked_component_of_a_v1_repository_is_refused(v1: V1Repo, tmp_pat
 
 
 def test_a_symlinked_repo_object_of_a_v2_repository_is_refused(tmp_path: Path) -> None:
+    from refmount.refs.icechunk.storage import ObjectRefused
+
     priv = tmp_path / "priv"
     shutil.copytree(V2, priv)
     cat = tmp_path / "cat"
@@ -108,6 +110,8 @@ def test_a_repository_directory_linked_out_of_the_catalogue_is_refused(v1: V1Rep
 
 
 def test_a_confined_listing_follows_no_symlink(v1: V1Repo, tmp_path: Path) -> None:
+    from refmount.refs.icechunk.storage import ObjectRefused
+
     cat = tmp_path / "cat"
     cat.mkdir()
     evil = linked_copy(v1.path, cat, "evil", "refs")
@@ -122,6 +126,8 @@ def test_a_confined_listing_follows_no_symlink(v1: V1Repo, tmp_path: Path) -> No
 
 
 def test_a_fifo_object_is_refused_without_blocking(v1: V1Repo, tmp_path: Path) -> None:
+    from refmount.refs.icechunk.storage import ObjectRefused
+
     cat = tmp_path / "cat"
     shutil.copytree(v1.path, cat / "r")
     (cat / "r" / "config.yaml").unlink()
@@ -132,6 +138,8 @@ def test_a_fifo_object_is_refused_without_blocking(v1: V1Repo, tmp_path: Path) -
 
 
 def test_an_object_path_goes_before_the_query() -> None:
+    from refmount.refs.icechunk.storage import join
+
     assert join("https://h/r/repo.json?X-Amz-Signature=abc", "repo") == \
         "https://h/r/repo.json/repo?X-Amz-Signature=abc"
     assert join("https://h/r/?a=b/c", "refs/x") == "https://h/r/refs/x?a=b/c"
