@@ -77,7 +77,7 @@ def _identify(cfg: MountConfig) -> Callable[[Any], str]:
         revision = revision_of(cfg)  # a set's own revision options replace the mount's
         if any(own.get(k) for k in REVISION_OPTIONS):
             revision = {k: own[k] for k in REVISION_OPTIONS if own.get(k)}
-        roots = set_config(cfg, entry).source_roots if getattr(cfg, "catalog", False) else None
+        roots = (set_config(cfg, entry) if getattr(cfg, "catalog", False) else cfg).object_roots()
         return source_identity(entry.source, cfg.target_options, timeout=cfg.timeout,
                                format=named_format(cfg) if own.get("format") in (None, "", "auto")
                                else own["format"], revision=revision, roots=roots)

@@ -173,3 +173,22 @@ def _native_keys() -> list[str]:
     refs = json.loads(out.stdout)
     refs = refs.get("refs", refs)
     return sorted(k for k, v in refs.items() if isinstance(v, list) and "/chunks/" in str(v[0]))
+
+
+def test_a_shared_mount_or_server_of_one_repository_opens_its_objects_confined(
+        serve, mount_fails, catalogue) -> None:
+    """A repository served alone (``refmount serve``, an ``allow_other`` mount): its objects
+    beneath its own directory, no symlink leaving it followed; the same repository without
+    symlinks serves."""
+    from support.serving import serve_cli
+
+    cat, _, _, _ = catalogue
+    s = serve(cat / "ds.icechunk")
+    assert s.request("GET", "/temp/zarr.json").status == 200
+    for name in ("evil", "evil-refs", "evil-snapshots", "evil-repo"):
+        r = serve_cli(cat / name)
+        assert r.returncode != 0, (name, r.stderr)
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "not through a symlink leaving it" in lines[0], (name, r.stderr)
+        assert SECRET.decode() not in r.stderr
+    mount_fails(cat / "evil", "allow_other", must_mention=("not through a symlink leaving it",))
