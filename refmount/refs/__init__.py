@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from refmount.base.urls import is_local
 from refmount.refs.deadline import within
-from refmount.refs.model import IndexFile, Ref, ReferenceSetError, RefKind
+from refmount.refs.model import FILE_SUFFIXES, IndexFile, Ref, ReferenceSetError, RefKind
 
 if TYPE_CHECKING:
     from refmount.refs.format import Format, OpenedTree
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from refmount.refs.limits import Limits
 
 __all__ = [
+    "FILE_SUFFIXES",
     "FORMATS",
     "REVISION_OPTIONS",
     "Format",
@@ -128,7 +129,6 @@ def revision_identity(source: str, target_options: Mapping[str, Any], *, timeout
 
 
 REVISION_OPTIONS = ("branch", "tag", "snapshot")
-FILE_SUFFIXES = (".json", ".gz", ".bz2", ".xz", ".zst")  # names of reference files
 
 
 def named_format(cfg: Any) -> str | None:

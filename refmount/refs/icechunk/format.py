@@ -24,13 +24,12 @@ from typing import TYPE_CHECKING
 
 from refmount.base.redact import redact_url
 from refmount.base.urls import climbs, is_local, local_path, normal_url
-from refmount.refs import FILE_SUFFIXES
 from refmount.refs.format import Access, Format, IndexFile, OpenedTree, Options
 from refmount.refs.icechunk.errors import IcechunkError
 from refmount.refs.icechunk.keys import ChunkKeys, UnsupportedArray
 from refmount.refs.icechunk.storage import is_repository
 from refmount.refs.limits import DEFAULT_LIMITS, Limits
-from refmount.refs.model import Ref, RefKind
+from refmount.refs.model import FILE_SUFFIXES, Ref, RefKind
 
 if TYPE_CHECKING:
     # The readers (flatbuffers, numpy, yaml) and the tree (numpy, trio) are imported where a
