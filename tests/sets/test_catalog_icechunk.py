@@ -111,6 +111,7 @@ def check_values(open_array, ds) -> None:
 
 
 def test_repositories_of_a_catalogue_open_beside_a_json_set(serve, mount, catalogue) -> None:
+    import xarray as xr
     import zarr
 
     cat, ds, _, _ = catalogue
@@ -118,9 +119,13 @@ def test_repositories_of_a_catalogue_open_beside_a_json_set(serve, mount, catalo
     assert s.request("GET", "/plain/k").body == b"plain bytes"
     check_values(lambda name: zarr.open_array(f"{s.url}ds/{name}", mode="r", zarr_format=3), ds)
     assert s.stats()["set_states"]["ds"]["state"] == "open"
+    with xr.open_zarr(f"{s.url}ds", consolidated=False, zarr_format=3) as got:
+        xr.testing.assert_identical(got.load(), ds)
 
     m = mount(cat, "catalog", "allow_other", mnt=mkdir_public(cat.parent / "mnt"))
     check_values(lambda name: zarr.open_array(str(m.path / "ds" / name), mode="r", zarr_format=3), ds)
+    with xr.open_zarr(m.path / "ds", consolidated=False, zarr_format=3) as got:
+        xr.testing.assert_identical(got.load(), ds)
     chunk = next(p for p in sorted((m.path / "ds" / "temp" / "c").rglob("*")) if p.is_file())
     r = as_nobody("cat", str(chunk))
     assert r.returncode == 0 and r.stdout == chunk.read_bytes() and r.stdout, r
