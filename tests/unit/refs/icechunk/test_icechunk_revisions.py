@@ -138,3 +138,16 @@ def test_the_probe_path_goes_before_the_query(http_root: tuple[str, list[str]]) 
     before = len(paths)
     assert not IcechunkFormat().detect(f"{url}/refs.json?X-Amz-Signature=abc", {})
     assert paths[before:] == []  # a reference file by its name: not probed
+
+
+def test_a_version_2_repository_names_its_refs_and_checks_names_too() -> None:
+    repo = Repository.open(str(Path(__file__).parents[3] / "data" / "icechunk" / "test-repo-v2"), {})
+    with pytest.raises(IcechunkError) as e:
+        repo.resolve(tag="main")
+    text = str(e.value)
+    assert "did you mean branch=main?" in text and "branches 'main', 'my-branch'" in text, text
+    assert "'it works!'" in text and "'deleted'" not in text, text
+    with pytest.raises(IcechunkError, match="not a branch name"):
+        repo.resolve(branch="a%2F..%2Fmain")
+    sid = repo.resolve()
+    assert repo.resolve(snapshot=sid.lower()) == sid
