@@ -152,9 +152,10 @@ class IcechunkFormat(Format):
 
     def detect(self, source: str, target_options: Options,
                roots: tuple[str, ...] | None = None) -> bool:
-        if is_local(source) and not os.path.isdir(local_path(source)):
-            return False  # a repository is a directory: a file is another format's
-        if source.split("?", 1)[0].split("#", 1)[0].endswith(FILE_SUFFIXES):
+        if is_local(source):
+            if not os.path.isdir(local_path(source)):
+                return False  # a repository is a directory: a file is another format's
+        elif source.split("?", 1)[0].split("#", 1)[0].endswith(FILE_SUFFIXES):
             return False  # a reference file by its name: no requests asking for a repository
         return is_repository(source, dict(target_options), roots=roots)
 

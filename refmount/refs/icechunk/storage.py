@@ -37,7 +37,7 @@ class ObjectRefused(IcechunkError):
 
 def join(base: str, rel: str) -> str:
     """``base``/``rel``, ``rel`` inserted before ``base``'s query string, if any."""
-    head, sep, query = base.partition("?") if "://" in base else (base, "", "")
+    head, sep, query = base.partition("?") if "://" in base and not is_local(base) else (base, "", "")
     head = head.rstrip("/")
     joined = f"{head}/{rel}" if head else rel
     return f"{joined}{sep}{query}"
