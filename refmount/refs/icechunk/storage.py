@@ -50,15 +50,16 @@ class Storage:
 
     def __init__(self, url: str, storage_options: Mapping[str, Any], timeout: float | None,
                  roots: tuple[str, ...] | list[str] | None = None) -> None:
-        self.url = url.rstrip("/") if "?" not in url else url
         local = is_local(url)
+        query = "?" in url and not local  # kept at the end: nothing stripped before it
+        self.url = url if query else url.rstrip("/")
         self.timeout = None if local else timeout
         self.roots = list(roots) if roots is not None and local else None
         try:
             self.fs, path = url_to_fs(self.url, **dict(storage_options))
         except (ValueError, ImportError, TypeError) as e:
             raise IcechunkError(redact_url(f"{url}: cannot open the repository's storage ({e})")) from None
-        self.path = path.rstrip("/") if "?" not in path else path
+        self.path = path if query else path.rstrip("/")
         if self.roots is not None:
             self.path = os.path.abspath(local_path(self.url)).rstrip("/")
 
