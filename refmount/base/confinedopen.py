@@ -13,8 +13,10 @@ would block the worker in ``open()`` until a writer appears) or a device (whose 
 act) is refused after ``fstat``, before anything reads it. Only a regular file is then
 reopened for reading through ``/proc/self/fd`` (with ``O_NONBLOCK``), checked to be the
 same inode. Where ``/proc`` is missing, the file is opened with ``O_NONBLOCK | O_NOFOLLOW``
-directly and checked the same way. Used for local targets (``targets/localfile.py``) and for
-the set files of a shared catalogue (``refs/source.py``). Blocking: run it in worker threads.
+directly and checked the same way. ``listdir_checked`` lists a directory opened the same way.
+Used for local targets (``targets/localfile.py``), for the set files of a shared catalogue
+(``refs/source.py``) and for every object of an Icechunk repository in one
+(``refs/icechunk/storage.py``). Blocking: run it in worker threads.
 """
 
 from __future__ import annotations
@@ -180,3 +182,31 @@ def open_checked(path: str, roots: list[str] | None) -> tuple[int, os.stat_resul
         os.close(fd)
         raise
     return fd, st2
+
+
+def listdir_checked(path: str, roots: list[str]) -> list[str]:
+    """The names in the directory ``path`` (absolute), opened beneath one of ``roots`` as
+    :func:`open_checked` opens a file: symlinks resolved once, none followed while opening."""
+    if not os.path.isabs(path):
+        raise PermissionError(errno.EACCES, "not an absolute path", path)
+    real = os.path.realpath(path)
+    root = next((r for r in roots if _under(real, r)), "")
+    if not root:
+        raise PermissionError(errno.EACCES, "outside the allowed directories", path)
+    rel = os.path.relpath(real, root) if real != root else ""
+    flags = os.O_RDONLY | os.O_DIRECTORY
+    try:
+        fd = (os.open(root, flags | os.O_CLOEXEC) if not rel
+              else _open_beneath(root, rel, flags))
+    except OSError as e:
+        raise _refuse_symlink(path, e) from None
+    try:
+        try:
+            where = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            where = None
+        if where is not None and not _under(where, root):
+            raise PermissionError(errno.EACCES, f"opened {where}, outside the allowed directories", path)
+        return os.listdir(fd)
+    finally:
+        os.close(fd)

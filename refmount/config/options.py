@@ -230,6 +230,18 @@ class _MountBase:
     # (targets/pinhandover.py)
     pins_table: str | None = None
 
+    def object_roots(self) -> list[str] | None:
+        """Where a set's own local files are opened, confined (``Limits.source_roots``): a
+        catalogue's set's ``source_roots``; for a shared mount or server of a local directory
+        (an Icechunk repository, a Parquet set), that directory (symlinks resolved): its
+        objects beneath it, no symlink followed; None: opened as named."""
+        if self.source_roots is not None:
+            return self.source_roots
+        if not (self.allow_other or self.allow_root or self.serving) or not is_local(self.source):  # type: ignore[attr-defined]
+            return None
+        real = os.path.realpath(local_path(self.source))
+        return [real] if os.path.isdir(real) else None
+
     def local_roots(self) -> list[str]:
         """Directories local targets may lie under (``allow_local``, or its default)."""
         allow_local: list[str] | None = self.allow_local  # type: ignore[attr-defined]

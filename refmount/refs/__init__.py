@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from refmount.base.urls import is_local
 from refmount.refs.deadline import within
-from refmount.refs.model import IndexFile, Ref, ReferenceSetError, RefKind
+from refmount.refs.model import FILE_SUFFIXES, IndexFile, Ref, ReferenceSetError, RefKind
 
 if TYPE_CHECKING:
     from refmount.refs.format import Format, OpenedTree
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from refmount.refs.limits import Limits
 
 __all__ = [
+    "FILE_SUFFIXES",
     "FORMATS",
     "REVISION_OPTIONS",
     "Format",
@@ -75,12 +76,14 @@ def _formats() -> tuple[Format, ...]:
     return (IcechunkFormat(), ParquetFormat(), JsonFormat())
 
 
-def detect_format(source: str, target_options: Mapping[str, Any], named: str | None = None) -> Format:
-    """SOURCE's format: the one ``named`` (``-o format=``), else the first that detects it."""
+def detect_format(source: str, target_options: Mapping[str, Any], named: str | None = None,
+                  roots: tuple[str, ...] | None = None) -> Format:
+    """SOURCE's format: the one ``named`` (``-o format=``), else the first that detects it
+    (``roots``: where a local SOURCE's files are opened, confined; see ``Format.detect``)."""
     if named:
         return format_named(named)
     for fmt in _formats():
-        if fmt.detect(source, target_options):
+        if fmt.detect(source, target_options, roots=roots):
             return fmt
     raise ReferenceSetError(f"{source}: not a reference set of a known format")
 
@@ -103,15 +106,17 @@ def prepare_index(source: str, target_options: Mapping[str, Any], *, bad_keys: s
 
     limits = limits or DEFAULT_LIMITS
     timeout = None if is_local(source) else limits.source_timeout
-    fmt = within(timeout, source, detect_format, source, target_options, format)
+    fmt = within(timeout, source, detect_format, source, target_options, format, limits.source_roots)
     return fmt.prepare(source, target_options, bad_keys=bad_keys, limits=limits,
                        cache_dir=cache_dir, revision=revision)
 
 
 def revision_identity(source: str, target_options: Mapping[str, Any], *, timeout: float | None,
-                      format: str | None = None, revision: Mapping[str, str] | None = None) -> str | None:
+                      format: str | None = None, revision: Mapping[str, str] | None = None,
+                      roots: tuple[str, ...] | None = None) -> str | None:
     """What names the revision of SOURCE served now, when its format has revisions (an Icechunk
-    branch's head), within ``timeout``; None for a format whose files' stamps tell a change."""
+    branch's head), within ``timeout``; None for a format whose files' stamps tell a change.
+    ``roots``: a local SOURCE's files are opened beneath them, confined (``Format.detect``)."""
     if format is None and is_local(source):
         import os
 
@@ -119,12 +124,11 @@ def revision_identity(source: str, target_options: Mapping[str, Any], *, timeout
             return None  # a file: a JSON set, known by its stamps
     if format is None and source.split("?", 1)[0].endswith(FILE_SUFFIXES):
         return None  # a JSON file by its name: no requests asking whether it is a repository
-    fmt = within(timeout, source, detect_format, source, target_options, format)
-    return within(timeout, source, fmt.identity, source, target_options, revision)
+    fmt = within(timeout, source, detect_format, source, target_options, format, roots)
+    return within(timeout, source, fmt.identity, source, target_options, revision, roots)
 
 
 REVISION_OPTIONS = ("branch", "tag", "snapshot")
-FILE_SUFFIXES = (".json", ".gz", ".bz2", ".xz", ".zst")  # names of reference files
 
 
 def named_format(cfg: Any) -> str | None:

@@ -80,14 +80,19 @@ class Format(ABC):
         return {}
 
     def identity(self, source: str, target_options: Options,
-                 revision: Mapping[str, str] | None = None) -> str | None:
+                 revision: Mapping[str, str] | None = None,
+                 roots: tuple[str, ...] | None = None) -> str | None:
         """What names the revision of SOURCE served now (an Icechunk branch's head snapshot),
-        for ``reload`` to tell a change; None: SOURCE's stamps tell (``sets/setidentity.py``)."""
+        for ``reload`` to tell a change; None: SOURCE's stamps tell (``sets/setidentity.py``).
+        ``roots`` as for ``detect``."""
         return None
 
     @abstractmethod
-    def detect(self, source: str, target_options: Options) -> bool:
-        """Whether SOURCE is a set of this format (cheap: at most a few small reads)."""
+    def detect(self, source: str, target_options: Options,
+               roots: tuple[str, ...] | None = None) -> bool:
+        """Whether SOURCE is a set of this format (cheap: at most a few small reads).
+        ``roots`` (``Limits.source_roots``): the directories a local SOURCE's files are opened
+        beneath, no symlink followed (a set of a shared catalogue)."""
 
     @abstractmethod
     def prepare(self, source: str, target_options: Options, *, bad_keys: str = "error",

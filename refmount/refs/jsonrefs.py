@@ -208,7 +208,8 @@ class JsonFormat(Format):
 
     name = "json"
 
-    def detect(self, source: str, target_options: Options) -> bool:
+    def detect(self, source: str, target_options: Options,
+               roots: tuple[str, ...] | None = None) -> bool:
         """Anything another format does not claim: the parse names what is wrong with it
         (no such file, not JSON, ...). The registry asks this format last."""
         return True

@@ -61,8 +61,7 @@ class Limits:
                    cfg.max_nesting, max_keys=cfg.max_keys, max_generated=cfg.max_generated,
                    max_template_seconds=cfg.max_template_seconds, max_record=cfg.max_record,
                    max_source=cfg.max_source, source_timeout=cfg.timeout,
-                   source_roots=None if getattr(cfg, "source_roots", None) is None
-                   else tuple(cfg.source_roots))
+                   source_roots=None if (roots := cfg.object_roots()) is None else tuple(roots))
 
     @property
     def max_token(self) -> int:

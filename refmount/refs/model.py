@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
 
+FILE_SUFFIXES = (".json", ".gz", ".bz2", ".xz", ".zst")  # names of reference files
+
 
 class RefKind(IntEnum):
     INLINE = 0  # bytes stored in the reference set itself

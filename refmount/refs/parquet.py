@@ -30,7 +30,8 @@ class ParquetFormat(Format):
 
     name = "parquet"
 
-    def detect(self, source: str, target_options: Options) -> bool:
+    def detect(self, source: str, target_options: Options,
+               roots: tuple[str, ...] | None = None) -> bool:
         return parquet_root(source, dict(target_options)) is not None
 
     def prepare(self, source: str, target_options: Options, *, bad_keys: str = "error",
@@ -59,7 +60,8 @@ class ParquetFormat(Format):
         from refmount.refs.chunktree import ChunkTree  # trio: only where the set is served
 
         tree = ChunkTree(pset, RecordCache(pset, options, max_inline=limits.max_inline,
-                                           max_record=limits.max_record, relative=relative))
+                                           max_record=limits.max_record, relative=relative,
+                                           roots=limits.source_roots))
         info = {"record_size": str(pset.record_size), "arrays": str(len(pset.arrays))}
         return OpenedTree(tree, pset.metadata, time.time_ns(), info)
 

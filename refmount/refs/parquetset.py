@@ -368,7 +368,8 @@ class RecordCache:
 
     def __init__(self, pset: ParquetSet, target_options: dict[str, Any], capacity: int = 64,
                  relative: Callable[[str], bool] | None = None,
-                 max_inline: int = Limits.max_inline, max_record: int = Limits.max_record) -> None:
+                 max_inline: int = Limits.max_inline, max_record: int = Limits.max_record,
+                 roots: tuple[str, ...] | None = None) -> None:
         import trio  # here, not at the top: the command reads a set's metadata without trio
 
         from refmount.base.singleflight import SingleFlight
@@ -378,6 +379,9 @@ class RecordCache:
         self.max_inline = max_inline
         self.max_record = max_record
         self.target_options = target_options
+        # a set of a shared catalogue or mount (Limits.source_roots): a local record file is
+        # opened beneath these directories, no symlink followed (base/confinedopen.py)
+        self.roots = roots
         self.capacity = capacity
         self.max_bytes = RECORD_CACHE_BYTES
         # At most `capacity` records and RECORD_CACHE_BYTES (large 'raw' cells), the newest
@@ -396,7 +400,7 @@ class RecordCache:
     def _load(self, array: ArraySpec, record: int) -> Record:
         url = self.url(array, record)
         try:
-            with fsspec.open(url, "rb", **self.target_options) as f:
+            with self._open(url) as f:
                 table = read_record(f, url, self.pset.record_size, self.max_record)
         except FileNotFoundError:
             return Record(None, url)
@@ -405,6 +409,23 @@ class RecordCache:
         except OSError as e:
             raise ReferenceSetError(f"{url}: unreadable Parquet ({e})") from None
         return Record(table, url, array.path + "/", self.relative, self.max_inline)
+
+    def _open(self, url: str) -> Any:
+        if self.roots is None or not is_local(url):
+            return fsspec.open(url, "rb", **self.target_options)
+        from refmount.base.confinedopen import NotARegularFile, open_checked
+        from refmount.base.urls import local_path
+
+        try:
+            fd, _ = open_checked(os.path.abspath(local_path(url)), list(self.roots))
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFoundError(url) from None
+        except (PermissionError, NotARegularFile) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise RecordRefused(f"{url}: refused: {why} (a record file of a set in a shared mount "
+                                "or catalogue must lie beneath its directory or allow_local, not "
+                                "through a symlink leaving it)") from None
+        return os.fdopen(fd, "rb")
 
     async def get(self, array_id: int, record: int) -> Record:
         key = (array_id, record)

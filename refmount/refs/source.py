@@ -73,7 +73,8 @@ def open_source(source: str, target_options: dict[str, Any], max_ratio: int = Li
         problem = connection_problem(e)
         raise ReferenceSetError(f"{source}: {problem or 'no such file'}") from None
     except IsADirectoryError:
-        raise ReferenceSetError(f"{source}: is a directory, not a reference file") from None
+        raise ReferenceSetError(f"{source}: is a directory, not a reference file"
+                                f"{directory_hint(source)}") from None
     except PermissionError as e:
         why = f" ({e.strerror})" if roots is not None and e.strerror else ""
         raise ReferenceSetError(f"{source}: permission denied{why}") from None
@@ -86,6 +87,37 @@ def open_source(source: str, target_options: dict[str, Any], max_ratio: int = Li
     except OSError as e:
         problem = connection_problem(e)
         raise ReferenceSetError(f"{source}: {problem or f'cannot open ({e})'}") from None
+
+
+ICECHUNK_MARKS = ("repo", "refs/branch.main/ref.json")
+
+
+def directory_hint(source: str) -> str:
+    """What a local directory given as SOURCE is, when that tells what to give instead: a
+    part of an Icechunk repository (its root), a Zarr store (a reference set of its files)."""
+    import os
+
+    from refmount.base.urls import local_path
+
+    if not is_local(source):
+        return ""
+    path = os.path.abspath(local_path(source))
+    up = path
+    for _ in range(3):  # refs/, refs/branch.main/, snapshots/ ... of a repository
+        up = os.path.dirname(up)
+        if any(os.path.isfile(os.path.join(up, m)) for m in ICECHUNK_MARKS):
+            return f" (it is inside the Icechunk repository {up}: give the repository's root as SOURCE)"
+        if up == "/":
+            break
+    if os.path.isfile(os.path.join(path, "zarr.json")):
+        return (" (a Zarr v3 store, not a reference set: refmount serves reference sets and Icechunk "
+                "repositories; write a reference set of the store's files, see 'A Zarr store as "
+                "a reference set' in docs/semantics.md)")
+    if any(os.path.isfile(os.path.join(path, m)) for m in (".zgroup", ".zarray")):
+        return (" (a Zarr v2 store, not a reference set: refmount serves reference sets; write a "
+                "reference set of the store's files, see 'A Zarr store as a reference set' in "
+                "docs/semantics.md)")
+    return " (nor an Icechunk repository, nor a Parquet reference directory with .zmetadata)"
 
 
 def _open_confined(source: str, roots: list[str]) -> IO[bytes]:

@@ -40,7 +40,9 @@ def index_source(cfg: MountConfig) -> IndexFile:
 def _check_confined_source(source: str, roots: list[str]) -> None:
     """A catalogue's local set file (a Parquet set's ``.zmetadata``) opens beneath ``roots``
     with no symlink followed, before any index of it (a persisted one included) is used: the
-    set is read through the same checks again (``Limits.source_roots``)."""
+    set is read through the same checks again (``Limits.source_roots``). A directory without
+    ``.zmetadata`` (an Icechunk repository) must itself lie beneath ``roots``; its objects are
+    each opened confined when read (``refs/icechunk/storage.py``)."""
     from refmount.base.confinedopen import NotARegularFile, open_checked
     from refmount.base.urls import is_local, local_path
     from refmount.refs.model import ReferenceSetError
@@ -49,6 +51,14 @@ def _check_confined_source(source: str, roots: list[str]) -> None:
         return
     path = os.path.abspath(local_path(source))
     if os.path.isdir(path):
+        if not os.path.lexists(os.path.join(path, ".zmetadata")):
+            real = os.path.realpath(path)
+            if not any(real == r or r == "/" or real.startswith(r.rstrip("/") + "/") for r in roots):
+                raise ReferenceSetError(f"{source}: not opened: outside the allowed directories "
+                                        "(a set of a shared catalogue must lie beneath its "
+                                        "directory or allow_local, and not through a symlink "
+                                        "leaving it)")
+            return
         path = os.path.join(path, ".zmetadata")
     try:
         fd, _ = open_checked(path, roots)
@@ -87,7 +97,8 @@ def advise_on_decoding(cfg: MountConfig, index_file: IndexFile) -> None:
     from refmount.decode.view import DecodedView
 
     metadata = format_named(index_file.kind).metadata(index_file, cfg.source, cfg.target_options,
-                                                      bad_keys=cfg.bad_keys)
+                                                      bad_keys=cfg.bad_keys,
+                                                      limits=Limits.from_config(cfg))
     # Without -o decode the note looks at the first NOTE_KEYS metadata keys only: a set of a
     # million arrays must not spend minutes on a hint before it is served.
     view = DecodedView.from_index(metadata, cfg.max_chunk_bytes, first=None if cfg.decode else NOTE_KEYS)

@@ -27,18 +27,20 @@ STAMPS = ("mtime", "ETag", "etag", "Last-Modified", "LastModified", "last_modifi
 
 
 def source_identity(source: str, storage_options: dict[str, Any], *, timeout: float,
-                    format: str | None = None, revision: dict[str, str] | None = None) -> str:
+                    format: str | None = None, revision: dict[str, str] | None = None,
+                    roots: list[str] | None = None) -> str:
     """A short string that changes when the reference set at ``source`` changes: the size
     and modification stamp (mtime, ETag, Last-Modified, version) of its file; for a Parquet
     reference directory, of its ``.zmetadata`` and of the listing of its record files. A file
     whose storage gives no stamp (an HTTP server without ``ETag`` or ``Last-Modified``) is
     known by the digest of its first DIGEST_BYTES. A format with revisions names the one served
     (an Icechunk repository: its branch's head snapshot; ``format`` and ``revision`` as
-    ``-o format=``, ``-o branch=``...).
+    ``-o format=``, ``-o branch=``...); ``roots``: where a repository's objects are opened,
+    confined (a set of a shared catalogue: ``MountConfig.source_roots``).
     OSError (FileNotFoundError when it is gone) or CatalogError when it cannot be read."""
     try:
         named = revision_identity(source, storage_options, timeout=timeout, format=format,
-                                  revision=revision)
+                                  revision=revision, roots=None if roots is None else tuple(roots))
         if named is not None:
             return hashlib.sha256(named.encode()).hexdigest()[:24]
         if is_local(source):

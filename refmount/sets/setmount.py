@@ -70,15 +70,17 @@ def check_catalog(cfg: MountConfig) -> IndexFile:
 def _identify(cfg: MountConfig) -> Callable[[Any], str]:
     from refmount.refs import REVISION_OPTIONS, named_format, revision_of
     from refmount.sets.setidentity import source_identity
+    from refmount.sets.setopener import set_config
 
     def identify(entry: Any) -> str:
         own = getattr(entry, "options", None) or {}
         revision = revision_of(cfg)  # a set's own revision options replace the mount's
         if any(own.get(k) for k in REVISION_OPTIONS):
             revision = {k: own[k] for k in REVISION_OPTIONS if own.get(k)}
+        roots = (set_config(cfg, entry) if getattr(cfg, "catalog", False) else cfg).object_roots()
         return source_identity(entry.source, cfg.target_options, timeout=cfg.timeout,
                                format=named_format(cfg) if own.get("format") in (None, "", "auto")
-                               else own["format"], revision=revision)
+                               else own["format"], revision=revision, roots=roots)
 
     return identify
 

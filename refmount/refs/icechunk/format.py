@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from refmount.base.redact import redact_url
@@ -28,7 +29,7 @@ from refmount.refs.icechunk.errors import IcechunkError
 from refmount.refs.icechunk.keys import ChunkKeys, UnsupportedArray
 from refmount.refs.icechunk.storage import is_repository
 from refmount.refs.limits import DEFAULT_LIMITS, Limits
-from refmount.refs.model import Ref, RefKind
+from refmount.refs.model import FILE_SUFFIXES, Ref, RefKind
 
 if TYPE_CHECKING:
     # The readers (flatbuffers, numpy, yaml) and the tree (numpy, trio) are imported where a
@@ -151,10 +152,14 @@ class IcechunkFormat(Format):
     name = "icechunk"
     revisions = REVISION_KINDS
 
-    def detect(self, source: str, target_options: Options) -> bool:
-        if is_local(source) and not os.path.isdir(local_path(source)):
-            return False  # a repository is a directory: a file is another format's
-        return is_repository(source, dict(target_options))
+    def detect(self, source: str, target_options: Options,
+               roots: tuple[str, ...] | None = None) -> bool:
+        if is_local(source):
+            if not os.path.isdir(local_path(source)):
+                return False  # a repository is a directory: a file is another format's
+        elif source.split("?", 1)[0].split("#", 1)[0].endswith(FILE_SUFFIXES):
+            return False  # a reference file by its name: no requests asking for a repository
+        return is_repository(source, dict(target_options), roots=roots)
 
     def _open(self, source: str, target_options: Options, limits: Limits) -> Repository:
         from refmount.refs.icechunk.repository import Repository
@@ -215,8 +220,10 @@ class IcechunkFormat(Format):
         return OpenedTree(tree, metadata, _mtime_ns(snapshot.info.flushed_at), info, own_objects=own)
 
     def identity(self, source: str, target_options: Options,
-                 revision: Mapping[str, str] | None = None) -> str | None:
-        return f"icechunk snapshot {self.resolve(source, target_options, revision)}"
+                 revision: Mapping[str, str] | None = None,
+                 roots: tuple[str, ...] | None = None) -> str | None:
+        limits = DEFAULT_LIMITS if roots is None else replace(DEFAULT_LIMITS, source_roots=roots)
+        return f"icechunk snapshot {self.resolve(source, target_options, revision, limits)}"
 
     def describe(self, source: str, target_options: Options,
                  revision: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import urllib.parse
 from dataclasses import dataclass, field
 
 import orjson
@@ -17,8 +19,27 @@ from refmount.refs.icechunk.verify import verify
 MAX_REF_JSON = 64 << 10
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+MAX_REF_NAME = 1024
+
+
+def _plain_ref_name_ok(name: str) -> bool:
+    return (bool(name) and len(name) <= MAX_REF_NAME and "/" not in name and "\\" not in name
+            and ".." not in name and name != "." and _CONTROL.search(name) is None)
+
+
 def ref_name_ok(name: str) -> bool:
-    return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
+    """Whether ``name`` may name a branch or tag: not empty, no ``/``, ``\\``, ``..`` or
+    control character, and the same once percent-escapes are decoded (``a%2F..`` names no
+    path outside ``refs/`` on storage that decodes them, HTTP's)."""
+    for _ in range(4):
+        if not _plain_ref_name_ok(name):
+            return False
+        decoded = urllib.parse.unquote(name)
+        if decoded == name:
+            return True
+        name = decoded
+    return False
 
 
 def parse_ref_json(data: bytes, name: str) -> str:

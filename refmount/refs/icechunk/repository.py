@@ -42,6 +42,8 @@ from refmount.refs.limits import DEFAULT_LIMITS, Limits
 __all__ = ["ChunkRef", "IcechunkError", "Node", "Repository", "Snapshot", "SnapshotInfo"]
 
 MANIFEST_CACHE_BYTES = 256 << 20
+KNOWN_SHOWN = 10  # branches, and tags, a message about a missing one names
+_CROCKFORD_ALIASES = str.maketrans("ILO", "110")  # Crockford's decoding of look-alikes
 UNLIMITED = 1 << 62
 
 
@@ -71,7 +73,7 @@ class Repository:
              *, manifest_cache_bytes: int = MANIFEST_CACHE_BYTES) -> Repository:
         """The repository at ``url``: version 2 if it has a ``repo`` object, else version 1 if
         it has a ``refs/`` branch main or a ``config.yaml``; IcechunkError otherwise."""
-        storage = Storage(url, storage_options, limits.source_timeout)
+        storage = Storage(url, storage_options, limits.source_timeout, limits.source_roots)
         max_object = limits.max_source or UNLIMITED
         if storage.exists("repo"):
             data = storage.read("repo", max_object)
@@ -88,9 +90,10 @@ class Repository:
                             "refs/branch.main)")
 
     @staticmethod
-    def detect(url: str, storage_options: Mapping[str, Any], timeout: float | None = 30.0) -> bool:
+    def detect(url: str, storage_options: Mapping[str, Any], timeout: float | None = 30.0,
+               roots: tuple[str, ...] | None = None) -> bool:
         """Whether ``url`` looks like an Icechunk repository (``storage.is_repository``)."""
-        return is_repository(url, storage_options, timeout)
+        return is_repository(url, storage_options, timeout, roots)
 
     # ---- refs
 
@@ -112,6 +115,16 @@ class Repository:
             out[ref] = self._read_ref(entry)
         return out
 
+    def _names(self, prefix: str) -> list[str] | None:
+        """The names of the branches (``branch.``) or tags (``tag.``), deleted tags included,
+        without reading them; None when the storage cannot list."""
+        if self._info is not None:
+            return list(self._info.branches if prefix == "branch." else self._info.tags)
+        names = self._storage.listdir("refs", self.limits.max_keys)
+        if names is None:
+            return None
+        return [e[len(prefix):] for e in names if e.startswith(prefix) and ref_name_ok(e[len(prefix):])]
+
     def _read_ref(self, entry: str) -> str:
         rel = f"refs/{entry}/ref.json"
         return parse_ref_json(self._storage.read(rel, MAX_REF_JSON), self._storage.shown(rel))
@@ -130,32 +143,69 @@ class Repository:
 
     def resolve(self, *, branch: str | None = None, tag: str | None = None,
                 snapshot: str | None = None) -> str:
-        """The snapshot id a branch, a tag or a snapshot id names (default: branch main)."""
+        """The snapshot id a branch, a tag or a snapshot id names (default: branch main). A
+        snapshot id is Crockford base 32, read case-insensitively (``i``/``l`` as ``1``, ``o``
+        as ``0``); a branch or tag name is checked (``refsfile.ref_name_ok``) before any
+        storage is asked; one that does not exist is named with the branches and tags that do."""
         if sum(x is not None for x in (branch, tag, snapshot)) > 1:
             raise IcechunkError("name one of branch, tag and snapshot")
         if snapshot is not None:
-            if not ids.is_id12(snapshot):
+            wanted = snapshot.strip().upper().translate(_CROCKFORD_ALIASES)
+            if not ids.is_id12(wanted):
                 raise IcechunkError(f"{snapshot[:64]!r}: not a snapshot id (20 characters of Crockford "
                                     "base 32)")
-            if self._info is not None and snapshot not in self._info.snapshots:
-                raise IcechunkError(f"{self._shown_root}: no snapshot {snapshot}")
-            return snapshot
+            if self._info is not None and wanted not in self._info.snapshots:
+                raise IcechunkError(f"{self._shown_root}: no snapshot {wanted}")
+            return wanted
         kind, ref = ("tag", tag) if tag is not None else ("branch", branch or "main")
+        if not ref_name_ok(ref):
+            raise IcechunkError(f"{ref[:64]!r}: not a {kind} name (a name has no '/', '..' or "
+                                "control character, also once percent-escapes are decoded)")
         if self._info is not None:
             if kind == "tag" and ref in self._info.deleted_tags:
                 raise IcechunkError(f"{self._shown_root}: the tag {ref!r} was deleted")
             found = (self._info.tags if kind == "tag" else self._info.branches).get(ref)
             if found is None:
-                raise IcechunkError(f"{self._shown_root}: no {kind} {ref!r}")
+                raise IcechunkError(f"{self._shown_root}: no {kind} {ref!r}{self._known(kind, ref)}")
             return found
-        if not ref_name_ok(ref):
-            raise IcechunkError(f"{ref[:64]!r}: not a {kind} name")
         entry = f"{kind}.{ref}"
         if kind == "tag" and self._storage.exists(f"refs/{entry}/ref.json.deleted"):
             raise IcechunkError(f"{self._shown_root}: the tag {ref!r} was deleted")
         if not self._storage.exists(f"refs/{entry}/ref.json"):
-            raise IcechunkError(f"{self._shown_root}: no {kind} {ref!r}")
+            raise IcechunkError(f"{self._shown_root}: no {kind} {ref!r}{self._known(kind, ref)}")
         return self._read_ref(entry)
+
+    def _known(self, kind: str, ref: str) -> str:
+        """What a message about a missing branch or tag adds: ``did you mean`` the other kind
+        of that name, and the branches and tags there are (at most KNOWN_SHOWN of each)."""
+        try:
+            refs = {"branch": self._names("branch."), "tag": self._names("tag.") or []}
+        except (IcechunkError, OSError):  # a listing that fails: the message stays as it is
+            return ""
+        if refs["branch"] is None:  # storage without listings (plain HTTP)
+            return ""
+        other = "tag" if kind == "branch" else "branch"
+        hint = f"; did you mean {other}={ref}?" if ref in (refs[other] or []) else ""
+        parts = []
+        for k in ("branch", "tag"):
+            names = sorted(refs[k] or [])
+            shown_names: list[str] = []
+            checked = 0
+            for n in names:  # a version 1 deleted tag is a directory too: left out
+                if len(shown_names) == KNOWN_SHOWN or checked == 3 * KNOWN_SHOWN:
+                    break
+                checked += 1
+                if k == "branch" or self._info is not None or not self._storage.exists(
+                        f"refs/tag.{n}/ref.json.deleted"):
+                    shown_names.append(n)
+            if not shown_names:
+                parts.append(f"no {k}es" if k == "branch" else "no tags")
+                continue
+            left = len(names) - checked
+            more = f" and {left:,} more" if left else ""
+            shown = ", ".join(repr(n[:64]) for n in shown_names)
+            parts.append(f"{k}es {shown}{more}" if k == "branch" else f"tags {shown}{more}")
+        return f"{hint} ({'; '.join(parts)})"
 
     # ---- objects
 
