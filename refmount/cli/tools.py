@@ -40,13 +40,14 @@ def iter_references(source: str, target_options: dict[str, Any], progress: Progr
 def ref_to_json(ref: Ref) -> Any:
     if ref.kind is RefKind.INLINE:
         assert ref.data is not None
+        data = bytes(ref.data)  # an Icechunk inline chunk is a view of its manifest
         try:
-            text = ref.data.decode()
+            text = data.decode()
             if not text.startswith("base64:"):
                 return text
         except UnicodeDecodeError:
             pass
-        return "base64:" + base64.b64encode(ref.data).decode()
+        return "base64:" + base64.b64encode(data).decode()
     if ref.kind is RefKind.WHOLE:
         return [ref.url]
     return [ref.url, ref.offset, ref.length]
@@ -99,7 +100,7 @@ def inspect(source: str, target_options: dict[str, Any],
                 inline_bytes += ref.length
                 if key == ".zarray" or key.endswith("/.zarray"):
                     try:
-                        meta = json.loads(ref.data or b"")
+                        meta = json.loads(bytes(ref.data or b""))
                     except ValueError:
                         meta = {}
                     path = key[: -len("/.zarray")] if "/" in key else ""
