@@ -229,3 +229,32 @@ def test_fuzzed_sharing_is_read_within_the_bounds_or_refused_in_one_line() -> No
             refused += 1
     assert refused > 10 and read > 10, (refused, read)
     assert slowest < 2
+
+
+# ---- a node inside an array: its zarr.json would clash with the array's chunk keys ---------
+
+
+def test_a_node_inside_an_array_is_refused_or_skipped_with_a_warning(caplog, tmp_path: Path) -> None:
+    """An array /a and a group /a/c: the group's zarr.json and the array's chunk keys
+    (``a/c/0/0``) would share the directory ``a/c`` (listed twice, the group hidden)."""
+    from refmount.refs.icechunk.format import metadata_keys, snapshot_references
+
+    arr = NodeSpec("/a", "array", array_json(4), NODE, ndim=2, manifests=[(MID_RAW, [(0, 1), (0, 4)])])
+    nodes = [NodeSpec("/"), arr, NodeSpec("/a/c"), NodeSpec("/a/c/d"), NodeSpec("/b")]
+    manifest = build_manifest(MID, [(NODE, [RefSpec((0, 0), inline=b"x")])])
+    write_built_repo(tmp_path, SID, build_snapshot(SID, nodes), {MID: manifest})
+    repo = Repository.open(str(tmp_path), {})
+    snap = repo.snapshot(SID)
+    with pytest.raises(IcechunkError) as e:
+        metadata_keys(snap, "error", DEFAULT_LIMITS)
+    assert str(e.value) == ("node /a/c lies inside the array /a (an array has no children: its zarr.json "
+                            "would clash with the array's chunk keys): the repository is refused "
+                            "(-o bad_keys=skip leaves such nodes out)")
+    with caplog.at_level("WARNING"):
+        index, arrays = metadata_keys(snap, "skip", DEFAULT_LIMITS)
+    assert [index.key(i).decode() for i in range(len(index))] == ["a/zarr.json", "b/zarr.json", "zarr.json"]
+    assert [a.path for a in arrays] == ["a"]
+    assert "node /a/c lies inside the array /a" in caplog.text and "1 more nodes inside arrays" in caplog.text
+    # expand, inspect and verify leave them out too
+    assert [k for k, _ in snapshot_references(repo, snap)] == ["zarr.json", "a/zarr.json", "a/c/0/0",
+                                                               "b/zarr.json"]
