@@ -269,6 +269,19 @@ def _near(key: str | None) -> str:
     return "" if key is None else f", in the value of key {key!r}"
 
 
+def check_nesting(data: bytes, name: str, limits: Limits) -> None:
+    """Refuse a JSON document (whole in memory, e.g. a node's ``zarr.json``) nested deeper
+    than ``max_nesting``: ReferenceSetError naming ``name``, the byte and the key, before a
+    recursive parser (json.loads) meets it. Scanned a CHUNK at a time, and only when it holds
+    more brackets than the bound (an ordinary document is looked at by two ``count`` calls)."""
+    if data.count(b"[") + data.count(b"{") <= limits.max_nesting:
+        return
+    scanner = _Scanner(name, limits)
+    view = memoryview(data)
+    for i in range(0, len(data), CHUNK):
+        scanner.scan(bytes(view[i:i + CHUNK]))
+
+
 class JsonReader:
     """A JSON stream as ijson reads it (``read(n)``), in chunks chosen by :class:`_Scanner`'s
     verdict rather than by ``n``: CHUNK bytes, doubled while one token goes on (see the

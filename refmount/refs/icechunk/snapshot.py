@@ -17,7 +17,7 @@ from refmount.refs.icechunk.fbs.Snapshot import Snapshot as FbSnapshot
 from refmount.refs.icechunk.manifest import ArrayRefs, Manifest, iter_refs
 from refmount.refs.icechunk.records import ChunkRef, Node, SnapshotInfo
 from refmount.refs.icechunk.verify import Tables, Union, Vectors, verify
-from refmount.refs.limits import Limits, size_text
+from refmount.refs.limits import Limits, check_nesting, size_text
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,7 @@ class Snapshot:
             zarr_json = documents.get((us[i], ul[i]))
             if zarr_json is None:
                 zarr_json = documents[us[i], ul[i]] = bytes(data[us[i]:us[i] + ul[i]])
+                check_nesting(zarr_json, f"{name}: node /{path}'s zarr.json", limits)
             if kinds[i] == schema.NODE_ARRAY:
                 a = ArrayNodeData()
                 a.Init(data, array_pos[rows[i]])

@@ -258,3 +258,39 @@ def test_a_node_inside_an_array_is_refused_or_skipped_with_a_warning(caplog, tmp
     # expand, inspect and verify leave them out too
     assert [k for k, _ in snapshot_references(repo, snap)] == ["zarr.json", "a/zarr.json", "a/c/0/0",
                                                                "b/zarr.json"]
+
+
+# ---- a zarr.json nested deeper than max_nesting ---------------------------------------------
+
+
+def test_a_deeply_nested_zarr_json_is_refused_naming_the_node_and_the_bound(tmp_path: Path) -> None:
+    """A group whose zarr.json nests 100,000 lists: one line naming the node and max_nesting
+    (before: ``maximum recursion depth exceeded`` naming nothing, from inspect and the mount),
+    in inspect, expand and the mount's preparation alike."""
+    from refmount.cli import tools
+    from refmount.refs.icechunk.format import IcechunkFormat
+    from refmount.refs.model import ReferenceSetError
+
+    head = b'{"zarr_format":3,"node_type":"group","attributes":{"x":'
+    deep = head + b"[" * 100_000 + b"]" * 100_000 + b"}}"
+    write_built_repo(tmp_path, SID, build_snapshot(SID, [NodeSpec("/"), NodeSpec("/g", zarr_json=deep)]), {})
+    message = (r"node /g's zarr.json: JSON nested deeper than 256 levels at byte 309, "
+               r".*\(limit max_nesting=256\)")
+    t = time.monotonic()
+    with pytest.raises(ReferenceSetError, match=message) as e:
+        tools.inspect(str(tmp_path), {})
+    assert "\n" not in str(e.value) and time.monotonic() - t < 10
+    with pytest.raises(ReferenceSetError, match=message):
+        list(tools.iter_references(str(tmp_path), {}))
+    with pytest.raises(ReferenceSetError, match=message):
+        IcechunkFormat().prepare(str(tmp_path), {})
+    # nesting within the bound (many brackets, shallow) is read
+    wide = b'{"zarr_format":3,"node_type":"group","attributes":{"x":[' + b"[[1]]," * 1000 + b"0]}}"
+    snap = Snapshot(build_snapshot(SID, [NodeSpec("/"), NodeSpec("/g", zarr_json=wide)]), "s", SID,
+                    DEFAULT_LIMITS, no_manifest)
+    assert snap.node("g").zarr_json == wide
+    three_hundred = b'{"a":' + b"[" * 300 + b"]" * 300 + b"}"
+    data = build_snapshot(SID, [NodeSpec("/"), NodeSpec("/g", zarr_json=three_hundred)])
+    with pytest.raises(ReferenceSetError, match="max_nesting=256"):
+        Snapshot(data, "s", SID, DEFAULT_LIMITS, no_manifest)
+    assert Snapshot(data, "s", SID, Limits(max_nesting=512), no_manifest).node("g") is not None
