@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from pathlib import Path
 
 import psutil
@@ -90,3 +91,25 @@ def test_serve_gets_of_chunks_sharing_one_inline_vector_copy_nothing(serve, tmp_
         assert r.status == 206 and r.body == chunk[i * 4096:(i + 1) * 4096]
     grown = s.rss() - before
     assert grown < 64 * MiB, f"{grown:,} bytes"
+
+
+def test_a_reload_to_a_snapshot_past_max_metadata_keeps_the_old_version(mount, tmp_path) -> None:
+    """The branch head moves to a snapshot whose 50 nodes share one 64 KiB zarr.json (3.2 MiB
+    made, past max_metadata=1M): the mount keeps serving the version it has, says why in its
+    log, and is alive (before: such a snapshot was indexed, and at 60 MiB killed the mount)."""
+    root = tmp_path / "repo"
+    shared_repo(root, 2, 4096)
+    m = mount(root, "no_disk_cache", "reload=1", "max_metadata=1M")
+    assert os.getxattr(m.path, "user.refmount.snapshot").decode() == SID
+    doc = b'{"zarr_format":3,"node_type":"group","attributes":{"x":"' + b"a" * (64 << 10) + b'"}}'
+    newer = ids.encode(b"\2" * 12)
+    nodes = [NodeSpec("/")] + [NodeSpec(f"/g{i:02}", zarr_json=doc) for i in range(50)]
+    write_built_repo(root, newer, build_snapshot(newer, nodes, share=True), {})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "version 1 keeps serving" not in m.log_text():
+        time.sleep(0.5)
+    log = m.log_text()
+    assert "past max_metadata=1M at node /g15" in log and "version 1 keeps serving" in log, log
+    assert os.getxattr(m.path, "user.refmount.snapshot").decode() == SID
+    assert sorted(os.listdir(m.path)) == ["arr", "zarr.json"]
+    assert (m / "arr/c/0/1").stat().st_size == 4096
