@@ -3,10 +3,12 @@ binary search on the chunk coordinates.
 
 What a loaded manifest keeps per array is small: the position of each ChunkRef table in the
 (verified) buffer and the chunk coordinates, as numpy arrays. A ChunkRef's other fields are
-read from the buffer when that one reference is asked for; an inline chunk is a view of the
-buffer (memoryview), never a copy. References may share one stored inline vector, so each
-inline chunk is bounded (``max_inline``) and so are all of them together, each reference
-counted (``max_inline_total``): what they make, not what is stored.
+read from the buffer when that one reference is asked for; an inline chunk over SMALL_INLINE
+bytes is a view of the buffer (memoryview), never a copy (a smaller one is copied, so that it
+does not keep a whole manifest alive: whoever keeps views weighs the buffer they hold, as
+tree.py's lookups do). References may share one stored inline vector, so each inline chunk
+is bounded (``max_inline``) and so are all of them together, each reference counted
+(``max_inline_total``): what they make, not what is stored.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from refmount.refs.limits import size_text
 # ChunkRef's fields, by vtable offset (4 + 2 * slot; schema.CHUNK_REF)
 _INLINE, _OFFSET, _LENGTH, _CHUNK_ID, _LOCATION, _ETAG, _LAST_MODIFIED, _COMPRESSED = (
     6, 8, 10, 12, 14, 16, 18, 20)
+SMALL_INLINE = 4096  # inline chunks up to this size are copied, larger ones are views
 _u16 = struct.Struct("<H").unpack_from
 _u32 = struct.Struct("<I").unpack_from
 _i32 = struct.Struct("<i").unpack_from
@@ -157,6 +160,10 @@ class Manifest:
         once decoded), so that the LRU's sum stays exact."""
         return self._nbytes
 
+    def _inline(self, start: int, size: int) -> bytes | memoryview:
+        view = self._view[start:start + size]
+        return bytes(view) if size <= SMALL_INLINE else view
+
     def chunk_ref(self, pos: int) -> ChunkRef:
         """The ChunkRef table at ``pos`` (verified) as a record."""
         data = self.data
@@ -177,7 +184,7 @@ class Manifest:
         if o:
             start = pos + o + _u32(data, pos + o)[0]
             size = _u32(data, start)[0]
-            return ChunkRef("inline", data=self._view[start + 4:start + 4 + size], length=size)
+            return ChunkRef("inline", data=self._inline(start + 4, size), length=size)
         o = at(_OFFSET)
         offset = _u64(data, pos + o)[0] if o else 0
         o = at(_LENGTH)
@@ -224,7 +231,7 @@ class Manifest:
         for i in range(len(pos)):
             s = inline[0][i]
             if s >= 0:
-                out.append(ChunkRef("inline", data=self._view[s:s + inline[1][i]], length=inline[1][i]))
+                out.append(ChunkRef("inline", data=self._inline(s, inline[1][i]), length=inline[1][i]))
                 continue
             c = chunk_id[i]
             if c >= 0:

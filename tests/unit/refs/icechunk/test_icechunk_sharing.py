@@ -173,6 +173,27 @@ def test_inline_chunks_are_views_of_the_manifest_not_copies(tmp_path: Path) -> N
     assert all(isinstance(v, memoryview) and v.obj is views[0].obj for v in views)
 
 
+def test_a_small_inline_chunk_is_copied_so_that_it_keeps_no_manifest_alive(tmp_path: Path) -> None:
+    """A view of a small chunk would keep its whole manifest alive wherever the chunk is kept
+    (the tree keeps 65,536 lookups): a chunk up to SMALL_INLINE bytes is a copy, a larger one a
+    view, and the tree's lookups weigh a view by the buffer it holds."""
+    from refmount.refs.icechunk.manifest import SMALL_INLINE
+    from refmount.refs.icechunk.tree import LOOKUP_BYTES, _held
+
+    refs = [RefSpec((0, 0), inline=b"s" * SMALL_INLINE),
+            RefSpec((0, 1), inline=b"b" * (SMALL_INLINE + 1)), RefSpec((0, 2), inline=bytes(4 * MiB))]
+    write_built_repo(tmp_path, SID, array_snapshot(3), {MID: build_manifest(MID, [(NODE, refs)])})
+    snap = Repository.open(str(tmp_path), {}).snapshot(SID)
+    small, big = snap.chunk("arr", (0, 0)), snap.chunk("arr", (0, 1))
+    assert small is not None and type(small.data) is bytes and small.data == b"s" * SMALL_INLINE
+    assert big is not None and isinstance(big.data, memoryview)
+    assert bytes(big.data) == b"b" * (SMALL_INLINE + 1)
+    assert [type(r.data) for _, r in snap.chunks("arr")] == [bytes, memoryview, memoryview]
+    assert _held((small,)) < 2 * SMALL_INLINE
+    assert _held((big,)) >= 4 * MiB  # the manifest's buffer, not the chunk's 4 KiB
+    assert LOOKUP_BYTES // _held((big,)) < 65536  # so the lookups keep fewer of them
+
+
 # ---- the fuzzer, structure-aware: one vector referenced from many tables ---------------------
 
 
