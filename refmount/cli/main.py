@@ -286,6 +286,8 @@ def _tool_parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--targets", default=None, metavar="JSON|@FILE",
                        help="target rules (as -o targets=): show where targets are read and "
                             "which no rule matches")
+        p.add_argument("-o", dest="options", action="append", default=[], metavar="NAME=VALUE",
+                       help="as a mount takes it: branch=NAME, tag=NAME or snapshot=ID")
     if command in ("inspect", "stats"):
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return p
@@ -307,7 +309,8 @@ def _run_tool(command: str, argv: list[str]) -> int:
         return 0
     options = json_option("--target-options", args.target_options)
     source = os.path.abspath(local_path(args.source)) if is_local(args.source) else args.source
-    revision = {k: v for k in ("branch", "tag", "snapshot") if (v := getattr(args, k, None))}
+    revision = tools.revision_of({k: getattr(args, k, None) for k in tools.REVISION_OPTIONS},
+                                 getattr(args, "options", []))
     if command == "inspect":
         from refmount.targets.rules import TargetRules, load_rules
 

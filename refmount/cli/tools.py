@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator
 from typing import IO, Any
 
+from refmount.base.errors import ConfigError
 from refmount.base.progress import Progress
 from refmount.base.redact import redact_url
 from refmount.refs import Ref, RefKind, detect_format
@@ -40,13 +41,14 @@ def iter_references(source: str, target_options: dict[str, Any], progress: Progr
 def ref_to_json(ref: Ref) -> Any:
     if ref.kind is RefKind.INLINE:
         assert ref.data is not None
+        data = bytes(ref.data)  # an Icechunk inline chunk is a view of its manifest
         try:
-            text = ref.data.decode()
+            text = data.decode()
             if not text.startswith("base64:"):
                 return text
         except UnicodeDecodeError:
             pass
-        return "base64:" + base64.b64encode(ref.data).decode()
+        return "base64:" + base64.b64encode(data).decode()
     if ref.kind is RefKind.WHOLE:
         return [ref.url]
     return [ref.url, ref.offset, ref.length]
@@ -73,6 +75,28 @@ def expand(source: str, out: IO[str], target_options: dict[str, Any], *, format:
 
 # ---- inspect ------------------------------------------------------------------------------
 
+REVISION_OPTIONS = ("branch", "tag", "snapshot")
+
+
+def revision_of(flags: dict[str, str | None], options: list[str]) -> dict[str, str]:
+    """The revision an Icechunk repository is read at, from ``--branch``/``--tag``/
+    ``--snapshot`` and from ``-o`` in a mount's form (``-o tag=v1``, comma-separated as a
+    mount takes them). ConfigError for any other ``-o`` option or one revision named twice
+    differently; two kinds together are refused where the repository is opened."""
+    revision = {k: v for k, v in flags.items() if v}
+    for item in options:
+        for part in item.split(","):
+            name, sep, value = part.partition("=")
+            name = name.strip()
+            if name not in REVISION_OPTIONS or not sep or not value:
+                raise ConfigError(f"-o {part}: here -o takes branch=NAME, tag=NAME or snapshot=ID "
+                                  "(an Icechunk repository's revision, as a mount takes it)")
+            if revision.get(name, value) != value:
+                raise ConfigError(f"--{name} {revision[name]} and -o {name}={value} name two revisions")
+            revision[name] = value
+    return revision
+
+
 
 def inspect(source: str, target_options: dict[str, Any],
             rules: TargetRules | None = None, *, format: str | None = None,
@@ -91,7 +115,7 @@ def inspect(source: str, target_options: dict[str, Any],
             head, _, name = key.rpartition("/")
             if name.endswith((".zarray", ".zmetadata")) or name == "zarr.json":
                 metadata[key] = ref.data if ref.kind is RefKind.INLINE else None
-            elif name[:1].isdigit():
+            elif name[:1].isdigit() or name == "c":  # "c": a 0-d array's chunk (default keys)
                 tally = stored.setdefault(head, [0, 0])
                 tally[0] += 1
                 tally[1] += max(ref.length, 0)
@@ -99,7 +123,7 @@ def inspect(source: str, target_options: dict[str, Any],
                 inline_bytes += ref.length
                 if key == ".zarray" or key.endswith("/.zarray"):
                     try:
-                        meta = json.loads(ref.data or b"")
+                        meta = json.loads(bytes(ref.data or b""))
                     except ValueError:
                         meta = {}
                     path = key[: -len("/.zarray")] if "/" in key else ""
@@ -205,19 +229,21 @@ def _decoded_sizes(arrays: dict[str, dict[str, Any]], metadata: dict[str, bytes 
 
 
 def format_inspect(info: dict[str, Any]) -> str:
-    lines = [
-        f"source            {info['source']}",
-        f"format            {info['format']}",
-        *(f"{name.replace('_', ' '):18}{value}" for name, value in info.get("revision", {}).items()),
-        f"keys              {info['keys']:,}",
-        f"distinct targets  {info['targets']:,}",
-        f"referenced bytes  {info['referenced_bytes']:,} ({human(info['referenced_bytes'])})"
-        + (f" + {info['whole_file_refs']} whole-file refs" if info["whole_file_refs"] else ""),
-        f"inline bytes      {info['inline_bytes']:,} ({human(info['inline_bytes'])})",
-        f"arrays            {len(info['arrays'])}",
+    pairs = [
+        ("source", info["source"]),
+        ("format", info["format"]),
+        *((name.replace("_", " "), value) for name, value in info.get("revision", {}).items()),
+        ("keys", f"{info['keys']:,}"),
+        ("distinct targets", f"{info['targets']:,}"),
+        ("referenced bytes", f"{info['referenced_bytes']:,} ({human(info['referenced_bytes'])})"
+         + (f" + {info['whole_file_refs']} whole-file refs" if info["whole_file_refs"] else "")),
+        ("inline bytes", f"{info['inline_bytes']:,} ({human(info['inline_bytes'])})"),
+        ("arrays", str(len(info["arrays"]))),
     ]
     for i, (what, n) in enumerate(sorted(info.get("quirks", {}).items())):
-        lines.append(f"{'quirks accepted' if i == 0 else '':18}{n:,} {what}")
+        pairs.append(("quirks accepted" if i == 0 else "", f"{n:,} {what}"))
+    width = max(len(label) for label, _ in pairs) + 2  # every label apart from its value
+    lines = [f"{label:{width}}{value}" for label, value in pairs]
     if "target_rules" in info:
         lines.extend(_format_routes(info["target_rules"]))
     if info["arrays"]:

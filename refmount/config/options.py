@@ -176,7 +176,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_record", Size(lo=1 << 20), 64 * 2**20,
            "most bytes a Parquet record file may decode to; a larger one gives EIO for its keys"),
     Option("max_source", Size(lo=0), 2 * 2**30,
-           "most bytes of SOURCE read, after any decompression (0: no limit)"),
+           "most bytes of SOURCE read, after any decompression (0: no limit); also the most "
+           "bytes of inline chunks one Icechunk manifest makes, each reference counted"),
+    Option("max_metadata", Size(lo=1), 256 * 2**20,
+           "most bytes of metadata (zarr.json) an Icechunk snapshot's nodes make together, each "
+           "node counted even where nodes share one stored document"),
     # catalogues: many reference sets under one mount (sets/catalog.py)
     Option("catalog", Flag(), False,
            "SOURCE is a catalogue: a directory of reference sets, a list file or a STAC "

@@ -8,13 +8,16 @@ number ``(i % a) * b + j % b`` of the shard's index. Reading it reads the shard'
 order) through the index codecs (``bytes``, ``crc32c`` checked), at the shard's start or end
 (``index_location``) -- then the inner chunk's range of the shard, both through the mount's
 reader (memory and disk caches, readahead). Indexes are kept in a bounded cache
-(``ShardIndexes``), read once for all readers of a shard. An inner chunk the index marks
+(``ShardIndexes``), read once for all readers of a shard and kept per shard *and* per
+array's index layout (two arrays may reference the same bytes with different
+``index_codecs``: each reads them its own way). An inner chunk the index marks
 empty (both ``2**64 - 1``) reads as the fill value; an entry past the shard's end, or longer
 than the chunk's codecs can have made it, fails that read (EIO).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import trio
+import xxhash
 
 from refmount.base.lru import LRU
 from refmount.base.singleflight import SingleFlight
@@ -46,6 +50,9 @@ class ShardLayout:
     at_end: bool  # the index is at the shard's end
     index_chain: V3Chain
     index_nbytes: int  # the encoded index's size
+    # what decoding an index depends on (its codecs, where it is, its shape): a cached index
+    # is used only by arrays with the same
+    index_key: str = ""
 
     @property
     def count(self) -> int:
@@ -102,7 +109,8 @@ def sharding_layout(shape: list[int], shard_shape: list[int], codec: Any,
     codecs = conf.get("codecs")
     if not isinstance(codecs, list) or not codecs:
         raise V3Error("sharding_indexed codecs is not a list of codecs")
-    return ShardLayout(per_shard, tuple(inner), location == "end", chain, size), codecs
+    key = json.dumps([index_codecs, location, per_shard], sort_keys=True, default=str)
+    return ShardLayout(per_shard, tuple(inner), location == "end", chain, size, key), codecs
 
 
 class ShardIndexes:
@@ -122,8 +130,9 @@ class ShardIndexes:
 
     async def index(self, ref: Any, layout: ShardLayout) -> tuple[np.ndarray, int]:
         """(the index, the shard's length) of the shard at ``ref``."""
-        where = (ref.url, ref.offset, ref.length) if ref.url is not None else hash(bytes(ref.data or b""))
-        key = (where, layout.index_nbytes)
+        where = ((ref.url, ref.offset, ref.length) if ref.url is not None
+                 else xxhash.xxh3_128_digest(ref.data or b""))  # inline: no copy of it
+        key = (where, layout.index_key, layout.index_nbytes)
         found = self._cache.get(key)
         if found is not None:
             return found

@@ -4,7 +4,7 @@ Three guards, each cheap next to the parsing it protects:
 
 * :class:`Limits` — the configured bounds (mount options ``max_inline``, ``max_ratio``,
   ``max_key_depth``, ``max_key_length``, ``max_nesting``, ``max_keys``, ``max_generated``,
-  ``max_template_seconds``, ``max_record``, ``max_source``).
+  ``max_template_seconds``, ``max_record``, ``max_source``, ``max_metadata``).
 * :class:`ExpansionGuard` — wraps SOURCE's stream and refuses it as soon as it has expanded
   more than ``max_ratio`` times the bytes taken from the storage so far (a gzip, bz2, xz or
   zstd bomb, by name or as an HTTP ``Content-Encoding``, is stopped while it streams), or
@@ -48,6 +48,9 @@ class Limits:
     max_template_seconds: float = 10.0  # CPU seconds of all template renderings of a set
     max_record: int = 64 << 20  # bytes a Parquet record file may decode to
     max_source: int = 2 << 30  # bytes of SOURCE read, after any decompression (0: no limit)
+    # bytes of metadata documents a repository's snapshot makes (every node's zarr.json), each
+    # use of a stored vector counted: what is materialised, not what is stored
+    max_metadata: int = 256 << 20
     # seconds a remote SOURCE may take to answer one open or read (not part of what the
     # index is built under: excluded from comparison and repr)
     source_timeout: float | None = field(default=None, compare=False, repr=False)
@@ -60,7 +63,8 @@ class Limits:
         return cls(cfg.max_inline, cfg.max_ratio, cfg.max_key_depth, cfg.max_key_length,
                    cfg.max_nesting, max_keys=cfg.max_keys, max_generated=cfg.max_generated,
                    max_template_seconds=cfg.max_template_seconds, max_record=cfg.max_record,
-                   max_source=cfg.max_source, source_timeout=cfg.timeout,
+                   max_source=cfg.max_source, max_metadata=cfg.max_metadata,
+                   source_timeout=cfg.timeout,
                    source_roots=None if (roots := cfg.object_roots()) is None else tuple(roots))
 
     @property
@@ -262,6 +266,19 @@ def _last_key(buf: bytes, end: int) -> str | None:
 
 def _near(key: str | None) -> str:
     return "" if key is None else f", in the value of key {key!r}"
+
+
+def check_nesting(data: bytes, name: str, limits: Limits) -> None:
+    """Refuse a JSON document (whole in memory, e.g. a node's ``zarr.json``) nested deeper
+    than ``max_nesting``: ReferenceSetError naming ``name``, the byte and the key, before a
+    recursive parser (json.loads) meets it. Scanned a CHUNK at a time, and only when it holds
+    more brackets than the bound (an ordinary document is looked at by two ``count`` calls)."""
+    if data.count(b"[") + data.count(b"{") <= limits.max_nesting:
+        return
+    scanner = _Scanner(name, limits)
+    view = memoryview(data)
+    for i in range(0, len(data), CHUNK):
+        scanner.scan(bytes(view[i:i + CHUNK]))
 
 
 class JsonReader:

@@ -159,14 +159,33 @@ class NodeSpec:
     manifests: list[tuple[bytes, list[tuple[int, int]]]] = field(default_factory=list)  # id, extents
 
 
+class _Shared:
+    """Byte vectors made once per content when ``share`` is set: every table whose vector has
+    those bytes points at the one stored vector (FlatBuffers allow it; honest writers do not)."""
+
+    def __init__(self, b: flatbuffers.Builder, share: bool) -> None:
+        self.b = b
+        self.share = share
+        self.made: dict[bytes, int] = {}
+
+    def __call__(self, data: bytes) -> int:
+        if not self.share:
+            return _bytes_vector(self.b, data)
+        if data not in self.made:
+            self.made[data] = _bytes_vector(self.b, data)
+        return self.made[data]
+
+
 def build_snapshot(snapshot_id: str, nodes: list[NodeSpec], message: str = "built",
-                   v2: bool = False) -> bytes:
-    """A Snapshot flatbuffer (version 1 layout, or version 2's: shape_v2, no parent)."""
+                   v2: bool = False, share: bool = False) -> bytes:
+    """A Snapshot flatbuffer (version 1 layout, or version 2's: shape_v2, no parent); with
+    ``share``, nodes whose ``zarr.json`` are equal share one stored vector."""
     b = flatbuffers.Builder(1024)
+    vector = _Shared(b, share)
     node_offsets = []
     for n in nodes:
         path = b.CreateString(n.path)
-        user = _bytes_vector(b, n.zarr_json)
+        user = vector(n.zarr_json)
         if n.kind == "array":
             mrefs = []
             for mid, extents in n.manifests:
@@ -256,8 +275,11 @@ class RefSpec:
 
 
 def build_manifest(manifest_id: str, arrays: list[tuple[bytes, list[RefSpec]]],
-                   dictionary: bytes | None = None) -> bytes:
+                   dictionary: bytes | None = None, share: bool = False) -> bytes:
+    """A Manifest flatbuffer; with ``share``, references whose inline chunks are equal share
+    one stored vector."""
     b = flatbuffers.Builder(1024)
+    vector = _Shared(b, share)
     array_offsets = []
     for node_id, refs in arrays:
         ref_offsets = []
@@ -266,7 +288,7 @@ def build_manifest(manifest_id: str, arrays: list[tuple[bytes, list[RefSpec]]],
             for x in reversed(r.index):
                 b.PrependUint32(x)
             index = b.EndVector()
-            inline = _bytes_vector(b, r.inline) if r.inline is not None else None
+            inline = vector(r.inline) if r.inline is not None else None
             loc = b.CreateString(r.location) if r.location is not None else None
             cloc = _bytes_vector(b, r.compressed_location) if r.compressed_location is not None else None
             etag = b.CreateString(r.etag) if r.etag is not None else None

@@ -37,6 +37,8 @@ def count(n: float) -> str:
 ROWS: dict[str, tuple[Callable[[], str], str | None]] = {
     "`max_inline`": (lambda: size(DEFAULT_LIMITS.max_inline), "max_inline"),
     "`max_ratio`": (lambda: count(DEFAULT_LIMITS.max_ratio), "max_ratio"),
+    "`max_metadata`": (lambda: size(DEFAULT_LIMITS.max_metadata), "max_metadata"),
+    "inline chunks of one Icechunk manifest": (lambda: size(DEFAULT_LIMITS.max_source), "max_source"),
     "`max_source`": (lambda: size(DEFAULT_LIMITS.max_source), "max_source"),
     "`max_nesting`": (lambda: count(DEFAULT_LIMITS.max_nesting), "max_nesting"),
     "`max_key_depth`": (lambda: count(DEFAULT_LIMITS.max_key_depth), "max_key_depth"),

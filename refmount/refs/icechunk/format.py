@@ -15,6 +15,7 @@ the repository declares **and** the mount authorises (``access``, from the targe
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import time
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     # The readers (flatbuffers, numpy, yaml) and the tree (numpy, trio) are imported where a
     # repository is opened: detecting that SOURCE is not one, the CLI's first step for every
     # other format, loads none of them.
-    from refmount.refs.icechunk.repository import ChunkRef, Repository, Snapshot
+    from refmount.refs.icechunk.repository import ChunkRef, Node, Repository, Snapshot
     from refmount.refs.icechunk.tree import ArrayKeys
     from refmount.refs.index import KeyIndex
 
@@ -66,14 +67,26 @@ def metadata_keys(snapshot: Snapshot, bad_keys: str, limits: Limits) -> tuple[Ke
     from refmount.refs.indexbuilder import IndexBuilder
 
     builder = IndexBuilder(bad_keys, limits)
+    inside = nodes_inside_arrays(snapshot.nodes)
+    if inside:
+        (child, array), n = next(iter(inside.items())), len(inside)
+        what = (f"node /{child} lies inside the array /{array} (an array has no children: its "
+                "zarr.json would clash with the array's chunk keys)")
+        if bad_keys == "error":
+            raise IcechunkError(f"{what}: the repository is refused (-o bad_keys=skip leaves such "
+                                "nodes out)")
+        log.warning("%s%s: left out (bad_keys=skip)", what,
+                    f", and {n - 1:,} more nodes inside arrays" if n > 1 else "")
     for node in snapshot.nodes:
+        if node.path in inside:
+            continue
         builder.add_inline(f"{node.path}/zarr.json" if node.path else "zarr.json", node.zarr_json)
     index = KeyIndex(builder.finish())
     skipped = set(builder.skipped)
     arrays = []
     for node in snapshot.nodes:
         key = f"{node.path}/zarr.json" if node.path else "zarr.json"
-        if node.kind != "array" or key in skipped:
+        if node.kind != "array" or key in skipped or node.path in inside:
             continue
         try:
             keys = ChunkKeys.from_zarr_json(node.zarr_json)
@@ -82,6 +95,23 @@ def metadata_keys(snapshot: Snapshot, bad_keys: str, limits: Limits) -> tuple[Ke
             continue
         arrays.append(ArrayKeys(node.path, keys))
     return index, arrays
+
+
+def nodes_inside_arrays(nodes: list[Node]) -> dict[str, str]:
+    """Path of each node that lies inside an array -> that array's path (``nodes`` sorted by
+    path, as a Snapshot holds them: an array's descendants follow it, contiguous)."""
+    paths = [n.path for n in nodes]
+    out: dict[str, str] = {}
+    for node in nodes:
+        if node.kind != "array":
+            continue
+        prefix = f"{node.path}/" if node.path else ""
+        i = bisect.bisect_left(paths, prefix)
+        while i < len(paths) and paths[i].startswith(prefix):
+            if paths[i] != node.path and paths[i] not in out:
+                out[paths[i]] = node.path
+            i += 1
+    return out
 
 
 def _covers(prefix: str, url: str) -> bool:
@@ -257,7 +287,13 @@ def snapshot_references(repo: Repository, snapshot: Snapshot,
     to_ref = ChunkRefs(repo, None)
     checked = ChunkRefs(repo, access) if access is not None else None
     refused: dict[str, int] = {}
+    inside = nodes_inside_arrays(snapshot.nodes)
+    if inside:
+        log.warning("%s nodes inside arrays left out (the first: /%s inside /%s)", f"{len(inside):,}",
+                    *next(iter(inside.items())))
     for node in snapshot.nodes:
+        if node.path in inside:
+            continue
         key = f"{node.path}/zarr.json" if node.path else "zarr.json"
         yield key, Ref(RefKind.INLINE, None, 0, len(node.zarr_json), node.zarr_json)
         if node.kind != "array":

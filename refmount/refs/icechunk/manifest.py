@@ -3,7 +3,12 @@ binary search on the chunk coordinates.
 
 What a loaded manifest keeps per array is small: the position of each ChunkRef table in the
 (verified) buffer and the chunk coordinates, as numpy arrays. A ChunkRef's other fields are
-read from the buffer when that one reference is asked for.
+read from the buffer when that one reference is asked for; an inline chunk over SMALL_INLINE
+bytes is a view of the buffer (memoryview), never a copy (a smaller one is copied, so that it
+does not keep a whole manifest alive: whoever keeps views weighs the buffer they hold, as
+tree.py's lookups do). References may share one stored inline vector, so each inline chunk
+is bounded (``max_inline``) and so are all of them together, each reference counted
+(``max_inline_total``): what they make, not what is stored.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from refmount.refs.icechunk import ids, schema
 from refmount.refs.icechunk.errors import IcechunkError
 from refmount.refs.icechunk.records import ChunkRef
 from refmount.refs.icechunk.verify import SLICE, Tables, Vectors, verify
+from refmount.refs.limits import size_text
 
 # ChunkRef's fields, by vtable offset (4 + 2 * slot; schema.CHUNK_REF)
 _INLINE, _OFFSET, _LENGTH, _CHUNK_ID, _LOCATION, _ETAG, _LAST_MODIFIED, _COMPRESSED = (
     6, 8, 10, 12, 14, 16, 18, 20)
+SMALL_INLINE = 4096  # inline chunks up to this size are copied, larger ones are views
 _u16 = struct.Struct("<H").unpack_from
 _u32 = struct.Struct("<I").unpack_from
 _i32 = struct.Struct("<i").unpack_from
@@ -81,8 +88,10 @@ class Manifest:
     """A verified manifest object (its flatbuffer, decompressed)."""
 
     def __init__(self, data: bytes | bytearray, name: str, manifest_id: str, max_location: int,
-                 max_refs: int = 1 << 62) -> None:
+                 max_refs: int = 1 << 62, *, max_inline: int = 1 << 62,
+                 max_inline_total: int = 1 << 62) -> None:
         self.data = data
+        self._view = memoryview(data)  # inline chunks are slices of it
         self.name = name
         self.max_location = max_location
         root = verify(data, schema.MANIFEST, name)
@@ -110,6 +119,7 @@ class Manifest:
         for a in range(len(items)):
             node = bytes(data[int(node_pos[a]):int(node_pos[a]) + 8])
             self.arrays[node] = (int(refs.first[a]), int(refs.length[a]))
+        _check_inline(data, chunk_refs.pos, name, max_inline, max_inline_total)
         self._pos = chunk_refs.pos  # what is kept of the verification: three numbers a reference
         self._index_start = index.start
         self._index_length = index.length
@@ -150,6 +160,10 @@ class Manifest:
         once decoded), so that the LRU's sum stays exact."""
         return self._nbytes
 
+    def _inline(self, start: int, size: int) -> bytes | memoryview:
+        view = self._view[start:start + size]
+        return bytes(view) if size <= SMALL_INLINE else view
+
     def chunk_ref(self, pos: int) -> ChunkRef:
         """The ChunkRef table at ``pos`` (verified) as a record."""
         data = self.data
@@ -166,9 +180,11 @@ class Manifest:
             start = pos + o + _u32(data, pos + o)[0]
             return data[start + 4:start + 4 + _u32(data, start)[0]]
 
-        inline = vector(_INLINE)
-        if inline is not None:
-            return ChunkRef("inline", data=bytes(inline), length=len(inline))
+        o = at(_INLINE)
+        if o:
+            start = pos + o + _u32(data, pos + o)[0]
+            size = _u32(data, start)[0]
+            return ChunkRef("inline", data=self._inline(start + 4, size), length=size)
         o = at(_OFFSET)
         offset = _u64(data, pos + o)[0] if o else 0
         o = at(_LENGTH)
@@ -215,7 +231,7 @@ class Manifest:
         for i in range(len(pos)):
             s = inline[0][i]
             if s >= 0:
-                out.append(ChunkRef("inline", data=bytes(data[s:s + inline[1][i]]), length=inline[1][i]))
+                out.append(ChunkRef("inline", data=self._inline(s, inline[1][i]), length=inline[1][i]))
                 continue
             c = chunk_id[i]
             if c >= 0:
@@ -267,6 +283,33 @@ class Manifest:
         except zstandard.ZstdError as e:
             raise IcechunkError(f"{self.name}: a compressed virtual chunk location cannot be "
                                 f"decompressed within {self.max_location:,} bytes ({e})") from None
+
+
+def _check_inline(data: bytes | bytearray, pos: np.ndarray, name: str, max_inline: int,
+                  max_total: int) -> None:
+    """Each inline chunk of the ChunkRef tables at ``pos`` within ``max_inline``, and all of
+    them together within ``max_total``, each reference counted (shared vectors included)."""
+    total = 0
+    starts: list[np.ndarray] = []
+    for i in range(0, len(pos), SLICE):
+        start, length = _Fields(data, pos[i:i + SLICE]).vector(_INLINE)
+        present = start >= 0
+        if not present.any():
+            continue
+        biggest = int(length.max())
+        if biggest > max_inline:
+            raise IcechunkError(f"{name}: an inline chunk of {biggest:,} bytes (limit max_inline="
+                                f"{size_text(max_inline)}): raise max_inline to read it")
+        total += int(length[present].sum())
+        starts.append(start[present])
+        if total > max_total:
+            every = np.concatenate(starts)
+            shared = len(np.unique(every)) < len(every)
+            raise IcechunkError(
+                f"{name}: its inline chunks come to at least {total:,} bytes, past max_source="
+                f"{size_text(max_total)}" + (" (references share one stored inline chunk, each "
+                                             "reference counted)" if shared else "")
+                + ": raise max_source to open it")
 
 
 def _sorted(pos: np.ndarray, coords: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ from typing import Literal
 @dataclass(frozen=True)
 class ChunkRef:
     kind: Literal["inline", "native", "virtual"]
-    data: bytes | None = None  # inline: the chunk's bytes
+    data: bytes | memoryview | None = None  # inline: the chunk's bytes (a view of the manifest)
     location: str | None = None  # native: "chunks/<ID>" relative to the root; virtual: the URL
     offset: int = 0
     length: int = 0

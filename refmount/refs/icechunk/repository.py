@@ -232,7 +232,8 @@ class Repository:
         data = self._storage.read(rel, self.max_object)
         _, body = header.payload(data, name, header.MANIFEST, self.max_object, self.limits.max_ratio)
         del data
-        manifest = Manifest(body, name, manifest_id, self.limits.max_key_length, self.limits.max_keys)
+        manifest = Manifest(body, name, manifest_id, self.limits.max_key_length, self.limits.max_keys,
+                            max_inline=self.limits.max_inline, max_inline_total=self.max_object)
         with self._lock:
             self._manifests.put(manifest_id, manifest)
         return manifest

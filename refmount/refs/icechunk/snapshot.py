@@ -17,7 +17,7 @@ from refmount.refs.icechunk.fbs.Snapshot import Snapshot as FbSnapshot
 from refmount.refs.icechunk.manifest import ArrayRefs, Manifest, iter_refs
 from refmount.refs.icechunk.records import ChunkRef, Node, SnapshotInfo
 from refmount.refs.icechunk.verify import Tables, Union, Vectors, verify
-from refmount.refs.limits import Limits
+from refmount.refs.limits import Limits, check_nesting, size_text
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,33 @@ def node_path(raw: bytes, name: str, limits: Limits) -> str:
     return text[1:]
 
 
+def check_metadata(data: bytes | bytearray, path_v: Vectors, user_v: Vectors, name: str,
+                   limits: Limits) -> None:
+    """Each node's ``zarr.json`` within ``max_inline`` (it becomes an inline key of the tree)
+    and all of them together within ``max_metadata``, each node counted: nodes may share one
+    stored vector, and every use of it is materialised (an index's inline value, a listing, a
+    decoded view), so what is bounded is what they make, not what is stored."""
+
+    def shown(i: int) -> str:
+        start = int(path_v.start[i])
+        return bytes(data[start:start + min(int(path_v.length[i]), 200)]).decode("utf-8", "replace")
+
+    too_big = np.flatnonzero(user_v.length > limits.max_inline)
+    if len(too_big):
+        i = int(too_big[0])
+        raise IcechunkError(f"{name}: the metadata of node {shown(i)} is {int(user_v.length[i]):,} bytes "
+                            f"(limit max_inline={limits.max_inline:,})")
+    total = np.cumsum(user_v.length, dtype=np.int64)
+    if len(total) and int(total[-1]) > limits.max_metadata:
+        i = int(np.argmax(total > limits.max_metadata))
+        shared = len(np.unique(user_v.start)) < len(user_v.start)
+        raise IcechunkError(
+            f"{name}: the metadata of its nodes comes to {int(total[-1]):,} bytes, past "
+            f"max_metadata={size_text(limits.max_metadata)} at node {shown(i)}"
+            + (" (nodes share one stored zarr.json, each use counted)" if shared else "")
+            + ": raise max_metadata to open it")
+
+
 class Snapshot:
     """One snapshot, its nodes parsed at once (bounded by Limits), its manifests read lazily
     through ``load_manifest`` (the repository's LRU)."""
@@ -93,13 +120,7 @@ class Snapshot:
         t = tables.items
         path_v, user_v, union = t.children["path"], t.children["user_data"], t.children["node_data"]
         assert isinstance(path_v, Vectors) and isinstance(user_v, Vectors) and isinstance(union, Union)
-        too_big = np.flatnonzero(user_v.length > limits.max_inline)
-        if len(too_big):
-            i = int(too_big[0])
-            start = int(path_v.start[i])
-            shown = bytes(data[start:start + min(int(path_v.length[i]), 200)]).decode("utf-8", "replace")
-            raise IcechunkError(f"{name}: the metadata of node {shown} is {int(user_v.length[i]):,} bytes "
-                                f"(limit max_inline={limits.max_inline:,})")
+        check_metadata(data, path_v, user_v, name, limits)
         nodes: list[Node] = []
         arrays: dict[str, ArrayInfo] = {}
         ps, pl = path_v.start.tolist(), path_v.length.tolist()
@@ -108,9 +129,13 @@ class Snapshot:
         id_pos = t.fields["id"].tolist()
         members = union.members.get(schema.NODE_ARRAY)
         array_pos = members.pos.tolist() if members is not None else []
-        for i in range(count):
+        documents: dict[tuple[int, int], bytes] = {}  # nodes that share one stored vector share
+        for i in range(count):  # one copy of it (each use was counted by check_metadata)
             path = node_path(bytes(data[ps[i]:ps[i] + pl[i]]), name, limits)
-            zarr_json = bytes(data[us[i]:us[i] + ul[i]])
+            zarr_json = documents.get((us[i], ul[i]))
+            if zarr_json is None:
+                zarr_json = documents[us[i], ul[i]] = bytes(data[us[i]:us[i] + ul[i]])
+                check_nesting(zarr_json, f"{name}: node /{path}'s zarr.json", limits)
             if kinds[i] == schema.NODE_ARRAY:
                 a = ArrayNodeData()
                 a.Init(data, array_pos[rows[i]])

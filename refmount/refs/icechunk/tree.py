@@ -39,6 +39,7 @@ from refmount.refs.tree import Entry, KeyTree, Node
 ENTRY_BATCH = 256  # entries made between checkpoints while listing
 LISTING_BYTES = 256 << 20  # arrays' chunk listings kept (16 bytes a chunk)
 LOOKUPS = 65536  # chunk references kept from lookups
+LOOKUP_BYTES = 256 << 20  # and the manifest buffers their inline chunks (views) keep alive
 THREADS = 4  # manifest reads at once
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,15 @@ class ArrayKeys:
 
     path: str
     keys: ChunkKeys
+
+
+def _held(found: tuple[ChunkRef | None]) -> int:
+    """What a kept lookup holds: an inline chunk that is a view of its manifest holds the
+    manifest's buffer (counted for each view of it: an upper bound)."""
+    data = found[0].data if found[0] is not None else None
+    if isinstance(data, memoryview):
+        return memoryview(data.obj).nbytes  # type: ignore[arg-type]
+    return 128 + (len(data) if data is not None else 0)
 
 
 def chunk_size(ref: ChunkRef) -> int:
@@ -89,7 +99,8 @@ class IcechunkTree:
             self._array_of_dir[node.ino] = aid
             self._array_dir.append(node)
         self._limiter = trio.CapacityLimiter(THREADS)
-        self._lookups: LRU[tuple[int, int], tuple[ChunkRef | None]] = LRU(LOOKUPS)
+        self._lookups: LRU[tuple[int, int], tuple[ChunkRef | None]] = LRU(
+            LOOKUPS, max_weight=LOOKUP_BYTES, weigh=_held, keep_newest=True)
         self._listings: LRU[int, tuple[np.ndarray, np.ndarray]] = LRU(
             max_weight=LISTING_BYTES, weigh=lambda v: v[0].nbytes + v[1].nbytes, keep_newest=True)
         self._listing_locks: dict[int, trio.Lock] = {}

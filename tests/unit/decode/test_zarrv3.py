@@ -14,7 +14,7 @@ import trio
 from support.v3store import decoded_tree, render_tree, store_refs
 
 from refmount.decode.codecplan import DecodeError
-from refmount.decode.sharding import ShardError, ShardIndexes
+from refmount.decode.sharding import EMPTY, ShardError, ShardIndexes, sharding_layout
 from refmount.decode.zarrv3 import V3Error, parse_dtype, parse_node, v2_fill
 from refmount.refs import Ref, RefKind
 
@@ -231,6 +231,32 @@ def test_shard_index_read_once_and_missing_inner_chunks_are_fill(tmp_path, locat
     assert np.frombuffer(files["a/1.3"], "<u2").tolist() == [9, 9, 9, 9]
     assert np.frombuffer(files["a/3.3"], "<u2").tolist() == [9, 9, 9, 9]
     assert json.loads(files["a/.zarray"])["fill_value"] is None  # no declared missing value
+
+
+def test_a_shard_index_is_cached_per_array_layout_not_per_bytes(tmp_path):
+    """Two arrays referencing the same shard bytes with different ``index_codecs`` (little
+    and big endian, one size): each decodes the index its own way, whichever reads first."""
+    body = np.array([[0, 2], [EMPTY, EMPTY]], "<u8").tobytes()
+    shard = tmp_path / "shard"
+    shard.write_bytes(b"ab" + body)
+
+    def layout(endian):
+        codec = {"name": "sharding_indexed", "configuration": {
+            "chunk_shape": [2], "codecs": [{"name": "bytes"}], "index_location": "end",
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": endian}}]}}
+        return sharding_layout([4], [4], codec)[0]
+
+    little, big = layout("little"), layout("big")
+    for order in ((little, big), (big, little)):
+        shards, _reads = shard_reader(shard)
+        for ref in (Ref(RefKind.WHOLE, f"file://{shard}"), Ref(RefKind.INLINE, None, 0, 34, b"ab" + body)):
+            for lay in order:
+                if lay is little:
+                    assert trio.run(shards.inner, ref, lay, 0, None) == b"ab"
+                else:
+                    with pytest.raises(ShardError, match="runs past the shard"):
+                        trio.run(shards.inner, ref, lay, 0, None)
+        assert shards.reads == 4
 
 
 def test_bad_shard_index(tmp_path):

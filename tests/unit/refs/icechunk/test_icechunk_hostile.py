@@ -267,13 +267,29 @@ def mutations(data: bytes, seed: int, count: int) -> list[bytes]:
     return out
 
 
+def shared_snapshot() -> bytes:
+    """Nodes that share one stored zarr.json (as FlatBuffers allow)."""
+    doc = b'{"zarr_format":3,"node_type":"group","attributes":{"shared":true}}'
+    arr = NodeSpec("/arr", "array", doc, NODE, ndim=2, manifests=[(MID_RAW, [(0, 4), (0, 4)])])
+    return build_snapshot(SID, [NodeSpec("/", zarr_json=doc), NodeSpec("/g", zarr_json=doc), arr,
+                                NodeSpec("/g/h", zarr_json=doc)], share=True)
+
+
+def shared_manifest() -> bytes:
+    """Chunk references that share one stored inline chunk."""
+    refs = [RefSpec((i, j), inline=b"shared") for i in range(3) for j in range(3)]
+    return build_manifest(MID, [(NODE, [*refs, RefSpec((3, 0), chunk_id=b"\1" * 12, length=5)])], share=True)
+
+
 def test_mutated_snapshots_and_manifests() -> None:
-    """1,500 random corruptions of a snapshot's and a manifest's flatbuffer: each one is
-    read in full or refused with IcechunkError, nothing else, each quickly."""
+    """2,300 random corruptions of a snapshot's and a manifest's flatbuffer (some whose
+    tables share vectors): each one is read in full or refused with IcechunkError, nothing
+    else, each quickly."""
     manifest = good_manifest()
     refused = 0
     slowest = 0.0
-    for data in mutations(good_snapshot(), 1, 500) + mutations(good_snapshot(v2=True), 2, 300):
+    for data in (mutations(good_snapshot(), 1, 500) + mutations(good_snapshot(v2=True), 2, 300)
+                 + mutations(shared_snapshot(), 5, 400)):
         t = time.monotonic()
         try:
             snap = Snapshot(data, "s", SID, DEFAULT_LIMITS, lambda m: Manifest(manifest, "m", MID, 1024))
@@ -284,7 +300,7 @@ def test_mutated_snapshots_and_manifests() -> None:
             assert "\n" not in str(e)
             refused += 1
         slowest = max(slowest, time.monotonic() - t)
-    for data in mutations(manifest, 3, 700):
+    for data in mutations(manifest, 3, 700) + mutations(shared_manifest(), 6, 400):
         t = time.monotonic()
         try:
             m = Manifest(data, "m", MID, 1024)
