@@ -40,6 +40,10 @@ class Access(Protocol):
         """The version of ``url`` a reference recorded (an ETag, or a time in seconds since the
         epoch it was not modified after), to be checked when it is read."""
 
+    def left_out(self, container: str, count: int, reason: str) -> None:
+        """``count`` targets under ``container`` refused and left out of a set's references
+        (``Format.references``), for ``reason``."""
+
 
 @dataclass
 class OpenedTree:
