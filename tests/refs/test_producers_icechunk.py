@@ -157,3 +157,16 @@ def test_virtual_chunks_are_listed_and_refused_with_the_option_that_authorises_t
     with pytest.raises(OSError):
         chunk.read_bytes()
     assert Path(m.path / "time" / "c" / "0").read_bytes()  # a native chunk
+
+
+def test_a_catalogue_merges_empty_path_components_too(made, servers, tmp_path) -> None:
+    import shutil
+
+    refs = made["sharded"].root
+    catalogue = tmp_path / "catalogue"
+    catalogue.mkdir()
+    shutil.copy(refs, catalogue / "one.json")
+    s = servers(catalogue, "catalog", f"allow_local={tmp_path}:{refs.parent}")
+    for path in ("/one/zarr.json", "//one//zarr.json", "/one//crs//zarr.json", "//one//", "//"):
+        assert s.request("GET", path).status == 200, path
+    assert s.request("GET", "//one/temp").status == 301
