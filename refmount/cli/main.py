@@ -60,10 +60,12 @@ def _parser() -> argparse.ArgumentParser:
               "       %(prog)s --env [-f] [-d] [-o OPT[,OPT...]] MOUNTPOINT",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Mount a kerchunk reference set (Version 0/1 JSON, or a Parquet "
-        "reference directory) as a read-only directory tree.",
+        "reference directory) or an Icechunk repository (-o branch=, tag=, snapshot=) as a "
+        "read-only directory tree; 'refmount serve SOURCE' serves the same tree over HTTP.",
         epilog=f"mount options (-o):\n{options_help()}\n\n"
         "Sizes take K, M, G, T suffixes (powers of 1024).\n"
-        "Other commands: refmount expand SOURCE [-o OUT] | refmount inspect SOURCE [--json] | "
+        "Other commands: refmount serve SOURCE [--listen HOST:PORT] [-o OPT...] | "
+        "refmount expand SOURCE [-o OUT] | refmount inspect SOURCE [--json] | "
         "refmount stats MOUNTPOINT [--json] | refmount verify SOURCE [--pin FILE] [--json]\n\n"
         "Generic mount options (ro, nodev, nosuid, _netdev, noauto, x-systemd.*, ...) are "
         "accepted and ignored.\nUnmount with: fusermount3 -u MOUNTPOINT",

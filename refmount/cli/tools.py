@@ -326,6 +326,9 @@ def read_server_stats(url: str, timeout: float = 10.0) -> dict[str, Any]:
         raise RuntimeError(f"{redact_url(url)}: not a refmount server ({e})") from None
 
 
+FUSE_ONLY = frozenset({"lookups", "opens", "pushed", "open_files"})  # counted by a mount only
+
+
 def format_stats(stats: dict[str, Any]) -> str:
     order = [
         ("source", "source"), ("repository", "repository"), ("format_version", "format version"),
@@ -349,6 +352,9 @@ def format_stats(stats: dict[str, Any]) -> str:
         ("http_status", "HTTP responses by status"), ("http_aborted", "HTTP responses cut off"),
         ("http_connections", "HTTP connections open"), ("http_refused", "HTTP connections refused"),
     ]
+    if "http_requests" in stats:  # a server's: its counters in HTTP's words, none of FUSE's
+        order = [(k, "key reads" if k == "reads" else label) for k, label in order
+                 if k not in FUSE_ONLY]
     rows = [(label, f"{stats[k]:,}" if isinstance(stats.get(k), int) else str(stats.get(k, "-")))
             for k, label in order if k in stats]
     last = stats.get("last_error")

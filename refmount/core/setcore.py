@@ -36,6 +36,7 @@ import trio
 from refmount.base.redact import redact_url
 from refmount.base.stats import Stats
 from refmount.base.urlenv import environment_identity
+from refmount.base.urls import is_local
 from refmount.cache.blocks import Block, DiskCache, MemoryLRU
 from refmount.cache.writer import CacheWriter
 from refmount.config import MountConfig
@@ -282,7 +283,11 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
     opened = fmt.open_tree(index_file, cfg.source, cfg.target_options, bad_keys=cfg.bad_keys,
                            limits=Limits.from_config(cfg), relative=policy.relative,
                            access=access)
-    rules = with_own_objects(user_rules, opened.own_objects)
+    own = opened.own_objects
+    if own is not None and is_local(own[0]):  # read beneath SOURCE's directory, not by a rule
+        policy = target_policy(cfg, own[0])
+        own = None
+    rules = with_own_objects(user_rules, own)
     credentials = RuleCredentials(rules.rules, shown=stats.credentials)  # their processes
     fetcher = Fetcher(
         cfg.remote_options,

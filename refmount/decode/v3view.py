@@ -75,7 +75,8 @@ class V3Array(DecodedArray):
         assert self.meta is not None
         shape = self.cut or self.stored_chunks or tuple(self.grid_chunks)
         one = fill_scalar(self.meta.fill_value, self.out_dtype)
-        return memoryview(np.full(shape, one[0], self.out_dtype).view(np.uint8).reshape(-1)).cast("B")
+        # flat before the byte view: a 0-d array's view cannot change its item size
+        return memoryview(np.full(shape, one[0], self.out_dtype).reshape(-1).view(np.uint8)).cast("B")
 
     @property
     def grid_chunks(self) -> tuple[int, ...]:

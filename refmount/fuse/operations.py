@@ -423,7 +423,10 @@ class RefFS(pyfuse3.Operations):
             return out
         if node.is_dir:
             return {}
-        ref = await self.tree.ref(node)
+        try:
+            ref = await self.tree.ref(node)
+        except ReadError:  # a key that may not be read (an unauthorised virtual chunk): listed,
+            return {}  # stat-able, no attributes; opening it fails
         if ref.kind is RefKind.INLINE:
             return {XATTR_PREFIX + b"inline": str(ref.length).encode()}
         assert ref.url is not None
@@ -438,6 +441,8 @@ class RefFS(pyfuse3.Operations):
 
     @_guard
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        if not name.startswith(XATTR_PREFIX):  # ls -l asks for ACLs and SELinux labels: none
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         value = (await self._xattrs(self._node(inode))).get(name)
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)

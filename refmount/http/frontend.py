@@ -32,7 +32,6 @@ import hmac
 import json
 import logging
 import time
-import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -47,7 +46,16 @@ from refmount.base.triocall import TrioCaller, TrioGone
 from refmount.core.setcore import SetCore
 from refmount.http import listing
 from refmount.http.cors import cors_headers, preflight_headers
-from refmount.http.pathplan import READ_PIECE, Found, NeedsTrio, PathPlanner, Plan, Unavailable
+from refmount.http.pathplan import (
+    READ_PIECE,
+    Found,
+    NeedsTrio,
+    PathPlanner,
+    Plan,
+    Unavailable,
+    merge_slashes,
+    path_names,
+)
 from refmount.http.validators import last_modified
 from refmount.targets.filesystems import await_task
 
@@ -86,10 +94,6 @@ class ServerStats:
 
 
 
-class _BadPath(Exception):
-    pass
-
-
 class Router(Protocol):
     """Where requests go when one server serves several sets (``httpsets.SetsRouter``)."""
 
@@ -97,19 +101,6 @@ class Router(Protocol):
                      raw: str) -> web.StreamResponse: ...
 
     def counters(self, front: HttpFrontEnd) -> dict[str, Any]: ...
-
-
-def _split_path(raw: str) -> list[bytes]:
-    """A request's path (still %-encoded) -> the names of its components; a trailing ``/``
-    leaves an empty last name. ``.``, ``..`` and empty components name nothing."""
-    path = urllib.parse.unquote_to_bytes(raw)
-    if not path.startswith(b"/"):
-        raise _BadPath(raw)
-    parts = path[1:].split(b"/")
-    for i, part in enumerate(parts):
-        if part in (b".", b"..") or (not part and i != len(parts) - 1) or b"\0" in part:
-            raise _BadPath(raw)
-    return parts
 
 
 class HttpFrontEnd(PathPlanner):
@@ -192,7 +183,7 @@ class HttpFrontEnd(PathPlanner):
         if self.token is not None and not self._authorized(request.headers.get("Authorization")):
             headers["WWW-Authenticate"] = 'Bearer realm="refmount"'
             return self._plain(401, headers, "a bearer token is required")
-        raw = request.rel_url.raw_path
+        raw = merge_slashes(request.rel_url.raw_path)
         if raw == STATS_PATH:
             return self._json(200, headers, self.counters())
         if self.router is not None:
@@ -203,15 +194,19 @@ class HttpFrontEnd(PathPlanner):
                           prefix: str = "") -> web.StreamResponse:
         """The answer for ``raw``, a path of this core's tree (``prefix`` before it in the
         URL: a catalogue's set)."""
-        try:
-            parts = _split_path(raw)
-        except _BadPath:
+        parts = path_names(raw)
+        if parts is None:
             return self._plain(404, headers, "no such key")
         conditions = {name: request.headers.get(name) for name in CONDITION_HEADERS}
         try:
             return await self._answer_parts(request, headers, raw, parts, conditions, prefix)
         except Unavailable:
             return self._plain(503, headers, UNAVAILABLE)
+        except Exception as e:  # a defect: answered (CORS headers kept) and counted, not aiohttp's bare 500
+            key = b"/".join(parts).decode(errors="replace")
+            self.core.stats.failed(key, e)
+            log.exception("GET %s raised", key)
+            return self._plain(500, headers, "internal error (see the server's log)")
 
     async def _answer_parts(self, request: BaseRequest, headers: dict[str, str], raw: str,
                             parts: list[bytes], conditions: dict[str, str | None],
@@ -289,6 +284,10 @@ class HttpFrontEnd(PathPlanner):
             except ReadError as e:
                 if not e.logged:
                     log.error("key %s: %s: response cut off", found.key, e)
+                return self._abort(request, response)
+            except Exception as e:  # a defect: counted, logged, the transfer cut short
+                self.core.stats.failed(found.key, e)
+                log.exception("key %s: response cut off", found.key)
                 return self._abort(request, response)
         await response.write_eof()
         return response

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +45,29 @@ from refmount.refs.tree import Node
 log = logging.getLogger(__name__)
 
 READ_PIECE = 1 << 20  # bytes asked of the reader at a time
+
+_SLASHES = re.compile("/{2,}")
+
+
+def merge_slashes(raw: str) -> str:
+    """A request's path with each run of ``/`` made one, as nginx's ``merge_slashes on`` does:
+    ``//a//b/`` names what ``/a/b/`` names (zarr lists ``http://host:port//`` when given
+    ``http://host:port/``)."""
+    return _SLASHES.sub("/", raw) if "//" in raw else raw
+
+
+def path_names(raw: str) -> list[bytes] | None:
+    """A request's path (still %-encoded) -> the names of its components (None: it names
+    nothing). A trailing ``/`` leaves an empty last name; empty components (``%2F%2F`` too)
+    are merged away; ``.``, ``..`` and a NUL name nothing."""
+    path = urllib.parse.unquote_to_bytes(raw)
+    if not path.startswith(b"/"):
+        return None
+    parts = path[1:].split(b"/")
+    names = [p for p in parts[:-1] if p] + parts[-1:]
+    if any(p in (b".", b"..") or b"\0" in p for p in names):
+        return None
+    return names
 
 
 @dataclass

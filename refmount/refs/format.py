@@ -44,6 +44,10 @@ class Access(Protocol):
         """The virtual chunk containers (URL prefixes) the set declares: a redirect of a
         virtual chunk is followed only under one of them."""
 
+    def left_out(self, container: str, count: int, reason: str) -> None:
+        """``count`` targets under ``container`` refused and left out of a set's references
+        (``Format.references``), for ``reason``."""
+
 
 @dataclass
 class OpenedTree:

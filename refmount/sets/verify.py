@@ -9,7 +9,9 @@ own fetcher and target policy (so ``allow_local``, ``remote_options``, ``timeout
 * ``missing`` (404, no such file), ``forbidden`` (403, EACCES, refused by the policy);
 * ``short``: smaller than the furthest byte a reference reads (``needed``);
 * ``changed``: with ``-o pins=FILE``, not the version FILE pins (or not pinned);
-* ``error``: anything else (a timeout, a server error), with its reason.
+* ``error``: anything else (a timeout, a server error), with its reason;
+* ``unauthorised``: an Icechunk repository's virtual chunk container the options do not
+  authorise (its chunks are not verified), with how many chunks and the option that would.
 
 The furthest byte per target is computed from the index with Arrow (one pass over the URL,
 offset and length columns, grouped by URL id), without a Python object per key.
@@ -30,6 +32,7 @@ import trio
 
 from refmount.base.progress import Progress
 from refmount.base.redact import redact_url
+from refmount.base.urls import is_local, local_path
 from refmount.refs import Ref, RefKind
 from refmount.refs.index import KeyIndex
 from refmount.targets.pins import Version
@@ -38,7 +41,7 @@ if TYPE_CHECKING:
     from refmount.config import MountConfig
     from refmount.targets.virtualaccess import VirtualAccess
 
-STATUSES = ("ok", "missing", "forbidden", "short", "changed", "error")
+STATUSES = ("ok", "missing", "forbidden", "short", "changed", "error", "unauthorised")
 
 
 @dataclass
@@ -208,10 +211,15 @@ async def check_targets(fetcher: VersionSource, extents: dict[str, int], *, jobs
     return reports
 
 
-def set_extents(cfg: MountConfig, access: VirtualAccess | None = None) -> dict[str, int]:
+def set_extents(cfg: MountConfig, access: VirtualAccess | None = None,
+                left_out: list[TargetReport] | None = None,
+                own: list[str] | None = None) -> dict[str, int]:
     """The furthest byte read from each target of SOURCE (parsed under the mount's limits
     into a temporary index; a set read lazily, reference by reference). ``access``: what
-    authorises virtual chunks (one of the mount's kind, without pins, if not given)."""
+    authorises virtual chunks (one of the mount's kind, without pins, if not given);
+    ``left_out`` receives a report per virtual chunk container whose chunks the options do
+    not authorise; ``own`` the URL prefix of the set's own objects read as targets (a local
+    Icechunk repository's ``chunks``), which a mount reads whatever ``allow_local`` names."""
     import contextlib
     import os
 
@@ -228,10 +236,17 @@ def set_extents(cfg: MountConfig, access: VirtualAccess | None = None) -> dict[s
         from refmount.targets.virtualaccess import VirtualAccess
 
         revision = {"snapshot": index_file.revision} if index_file.revision else None
+        if own is not None and index_file.kind == "icechunk" and is_local(cfg.source):
+            own.append(local_path(cfg.source).rstrip("/") + "/chunks")
         if access is None:
             access = VirtualAccess(TargetRules.from_json(cfg.targets), cfg.allow_local, None)
-        return extents_of(format_named(index_file.kind).references(
+        extents = extents_of(format_named(index_file.kind).references(
             cfg.source, cfg.target_options, revision=revision, access=access))
+        for container, (n, why) in sorted(access.refused.items()):
+            if left_out is not None:
+                left_out.append(TargetReport(container, "unauthorised", 0,
+                                             reason=f"{n:,} virtual chunks not verified: {why}"))
+        return extents
     finally:
         if index_file.temporary:
             with contextlib.suppress(OSError):
@@ -252,9 +267,11 @@ def verify_set(cfg: MountConfig, *, jobs: int) -> list[TargetReport]:
     pins = read_pins(cfg.pins) if cfg.pins else None
     rules = TargetRules.from_json(cfg.targets)
     access = VirtualAccess(rules, cfg.allow_local, None)  # learns the virtual chunk containers
+    left_out: list[TargetReport] = []
+    own: list[str] = []
     with Progress(f"indexing {redact_url(cfg.source)}", keys=False):
-        extents = set_extents(cfg, access)
-    fetcher = Fetcher(cfg.remote_options, target_policy(cfg), timeout=cfg.timeout,
+        extents = set_extents(cfg, access, left_out, own)
+    fetcher = Fetcher(cfg.remote_options, target_policy(cfg, own[0] if own else None), timeout=cfg.timeout,
                       retries=cfg.retries, max_connections=cfg.max_connections, stats=Stats(),
                       rules=rules, virtual=access)  # read (and redirected) where a mount reads them
     reports: list[TargetReport] = []
@@ -262,6 +279,7 @@ def verify_set(cfg: MountConfig, *, jobs: int) -> list[TargetReport]:
     async def main(progress: Progress) -> None:
         reports.extend(await check_targets(fetcher, extents, jobs=jobs, pins=pins,
                                            progress=progress))
+        reports.extend(left_out)
 
     # As in the daemon: trio a guest of the asyncio loop fsspec's async file systems run on,
     # one thread (no hop to fsspec's own loop thread per request).

@@ -43,9 +43,13 @@ class TargetPolicy:
     protocols must be known to fsspec, and local files must lie under ``local_roots``
     after symlinks are resolved."""
 
-    def __init__(self, local_roots: list[str], base_dir: str | None, remote_protocol: str | None):
+    def __init__(self, local_roots: list[str], base_dir: str | None, remote_protocol: str | None,
+                 own_roots: Iterable[str] = ()):
         self.local_roots = [os.path.realpath(r) for r in local_roots]
         self.confined = self.local_roots != ["/"]
+        if self.confined:  # the set's own objects (an Icechunk repository's chunks), whatever
+            # allow_local names: SOURCE is read wherever it lies
+            self.local_roots += [r for r in map(os.path.realpath, own_roots) if r not in self.local_roots]
         # Relative local paths are relative to SOURCE's directory (a JSON file's directory,
         # or a Parquet set's own directory; see ``relative``).
         self.base_dir = base_dir
@@ -183,7 +187,11 @@ class TargetPolicy:
         return None
 
 
-def target_policy(cfg: MountConfig) -> TargetPolicy:
+def target_policy(cfg: MountConfig, own_objects: str | None = None) -> TargetPolicy:
+    """The policy of a mount with ``cfg``; ``own_objects``: the URL prefix of the set's own
+    objects read as targets (``OpenedTree.own_objects``), readable whatever ``allow_local`` names
+    when local."""
+    own = [local_path(own_objects)] if own_objects is not None and is_local(own_objects) else []
     base = None
     if is_local(cfg.source):
         # A directory SOURCE is a Parquet set: relative paths in it are relative to the
@@ -191,7 +199,7 @@ def target_policy(cfg: MountConfig) -> TargetPolicy:
         # it: see refs/parquetset.py), as they are to the directory of a ``.zmetadata`` SOURCE.
         real = os.path.realpath(local_path(cfg.source))
         base = real if os.path.isdir(real) else os.path.dirname(real)
-    return TargetPolicy(cfg.local_roots(), base, cfg.remote_protocol)
+    return TargetPolicy(cfg.local_roots(), base, cfg.remote_protocol, own)
 
 
 def check_targets(cfg: MountConfig, targets: Iterable[tuple[str, Callable[[], str]]]) -> None:

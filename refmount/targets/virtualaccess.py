@@ -30,6 +30,7 @@ class VirtualAccess:
         self.roots = [os.path.normpath(r) for r in allow_local or []]
         self.pins = pins
         self.containers: tuple[str, ...] = ()  # the virtual chunk containers of the set
+        self.refused: dict[str, tuple[int, str]] = {}  # container -> (targets left out, why)
 
     def declare(self, containers: list[str]) -> None:
         """The virtual chunk containers (URL prefixes) the set declares."""
@@ -71,6 +72,12 @@ class VirtualAccess:
         after (the first recorded for a URL is kept)."""
         if self.pins is not None and (etag or modified_by is not None):
             self.pins.add(url, Version(etag=etag or None, modified_by=None if etag else modified_by))
+
+    def left_out(self, container: str, count: int, reason: str) -> None:
+        """``count`` virtual chunks under ``container`` left out of a set's references, for
+        ``reason`` (what ``refmount verify`` reports)."""
+        known, _ = self.refused.get(container, (0, reason))
+        self.refused[container] = (known + count, reason)
 
 
 def under(prefix: str, url: str) -> bool:

@@ -229,8 +229,12 @@ def test_verify_checks_a_repositorys_targets(repo, authorise) -> None:
     report = json.dumps(json.loads(r.stdout))
     assert f"{ic.VIRTUAL_BASE}/virtual.nc" in report and "/chunks/" in report
     r = run_cli("verify", str(repo.root), "--json")  # no rule: the virtual target is not asked
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 1, r.stdout + r.stderr  # and its container is reported unauthorised
     assert "virtual.nc" not in r.stdout and "/chunks/" in r.stdout
+    out = json.loads(r.stdout)
+    assert out["summary"]["unauthorised"] == 1 and out["summary"]["ok"] == out["summary"]["targets"] - 1
+    row = next(t for t in out["targets"] if t["status"] == "unauthorised")
+    assert row["url"] == f"{ic.VIRTUAL_BASE}/" and "4 virtual chunks not verified" in row["reason"]
     assert f"4 virtual chunks under {ic.VIRTUAL_BASE}/ left out" in r.stderr
 
 

@@ -340,3 +340,40 @@ def write_built_repo(root: Path, snapshot_id: str, snapshot: bytes, manifests: d
     (root / "snapshots" / snapshot_id).write_bytes(icechunk_object(snapshot, 1, version))
     for mid, m in manifests.items():
         (root / "manifests" / mid).write_bytes(icechunk_object(m, 2, version))
+
+
+@dataclass
+class LocalVirtualRepo:
+    root: Path
+    files: Path  # the directory of the virtual chunks' file (the container)
+    native: np.ndarray
+    virtual: np.ndarray
+
+
+def local_virtual_repo(root: Path, files: Path) -> LocalVirtualRepo:
+    """A repository (icechunk 1.x) with a native array ``native`` (2,000 int32, chunks of 1,000:
+    objects of the repository, not inline) and an
+    array ``virtual`` (8 float32, chunks of 4) whose chunks are ranges of a local file under
+    ``files``, a virtual chunk container ``file://FILES/`` — what VirtualiZarr's ``to_icechunk``
+    of local netCDF files makes."""
+    import icechunk as ic
+    import zarr
+
+    files.mkdir(parents=True, exist_ok=True)
+    virtual = np.linspace(0, 7, 8, dtype="<f4")
+    (files / "data.bin").write_bytes(b"HEAD" + virtual.tobytes())
+    container = f"file://{files}/"
+    config = ic.RepositoryConfig.default()
+    store = ic.local_filesystem_store(str(files))
+    config.set_virtual_chunk_container(ic.VirtualChunkContainer(container, store))
+    repo = ic.Repository.create(ic.local_filesystem_storage(str(root)), config)
+    session = repo.writable_session("main")
+    group = zarr.group(store=session.store)
+    native = np.arange(2000, dtype="<i4") * 3
+    group.create_array("native", shape=(2000,), chunks=(1000,), dtype="<i4", compressors=None,
+                       fill_value=0)[:] = native
+    group.create_array("virtual", shape=(8,), chunks=(4,), dtype="<f4", compressors=None, fill_value=0)
+    for i in range(2):
+        session.store.set_virtual_ref(f"virtual/c/{i}", f"{container}data.bin", offset=4 + 16 * i, length=16)
+    session.commit("local virtual chunks")
+    return LocalVirtualRepo(root, files, native, virtual)

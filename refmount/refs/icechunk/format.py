@@ -132,6 +132,16 @@ def _covers(prefix: str, url: str) -> bool:
     return rest is not None and not climbs(rest) and ".." not in rest.split("/")
 
 
+def authorisation(container: str) -> str:
+    """The option that authorises a virtual chunk container: ``allow_local`` naming its
+    directory for a local one (a targets rule alone is not enough where local files are
+    confined: ``refmount serve``, ``allow_other``), else a targets rule with its prefix."""
+    if is_local(container):
+        return f"-o allow_local={os.path.normpath(local_path(container))}"
+    shown = redact_url(container)
+    return f"-o targets='[{{\"prefix\": \"{shown}\"}}]'"
+
+
 class ChunkRefs:
     """A snapshot's ChunkRefs made references (see the module's docstring): ``access`` says
     why a virtual chunk's URL may not be read, and takes the version its reference recorded
@@ -154,10 +164,21 @@ class ChunkRefs:
             return "a virtual chunk outside every virtual chunk container the repository declares"
         reason = self.access.problem(url) if self.access is not None else "nothing authorises it"
         if reason:
-            shown = redact_url(container)
-            return (f"virtual chunk container {shown} is not authorised ({reason}): authorise it "
-                    f"with -o targets='[{{\"prefix\": \"{shown}\"}}]'")
+            return (f"virtual chunk container {redact_url(container)} is not authorised ({reason}): "
+                    f"authorise it with {authorisation(container)}")
         return None
+
+    def unauthorised(self) -> list[str]:
+        """The declared containers the mount does not authorise (as a whole), each with the
+        option that would: what the warning at start names."""
+        out = []
+        for container in self.containers:
+            access = self.access
+            reason = access.problem(container) if access is not None else "nothing authorises it"
+            if reason:
+                how = authorisation(container)
+                out.append(f"{redact_url(container)} ({reason}): authorise it with {how}")
+        return out
 
     def __call__(self, chunk: ChunkRef) -> Ref:
         if chunk.kind == "inline":
@@ -232,6 +253,8 @@ class IcechunkFormat(Format):
         repo, snapshot = self._snapshot(index, source, target_options, limits)
         metadata, arrays = metadata_keys(snapshot, bad_keys, limits)
         refs = ChunkRefs(repo, access)
+        for line in refs.unauthorised():
+            log.warning("virtual chunk container %s; its chunks are listed, reading them fails", line)
         tree = IcechunkTree(metadata, arrays, ChunkSource(snapshot.chunk, snapshot.chunk_listing, refs))
         info = {
             "repository": redact_url(repo.root),
@@ -244,9 +267,7 @@ class IcechunkFormat(Format):
         named = _names_of(repo, snapshot.info.id)
         if named:
             info["revision"] = named
-        own = None
-        if not is_local(repo.root):
-            own = (repo.object_url("chunks"), dict(target_options))
+        own = (repo.object_url("chunks"), dict(target_options))
         return OpenedTree(tree, metadata, _mtime_ns(snapshot.info.flushed_at), info, own_objects=own)
 
     def identity(self, source: str, target_options: Options,
@@ -317,9 +338,11 @@ def snapshot_references(repo: Repository, snapshot: Snapshot,
             else:
                 yield f"{node.path}/{name}" if node.path else name, to_ref(chunk)
     for container, n in sorted(refused.items()):
-        log.warning("%s virtual chunks under %s left out: %s", f"{n:,}", redact_url(container),
-                    "the container is not declared by the repository" if container == "(no container)"
-                    else "the container is not authorised (no targets rule covers it)")
+        why = ("the container is not declared by the repository" if container == "(no container)"
+               else f"the container is not authorised: authorise it with {authorisation(container)}")
+        log.warning("%s virtual chunks under %s left out: %s", f"{n:,}", redact_url(container), why)
+        if access is not None:
+            access.left_out(container, n, why)
 
 
 def _names_of(repo: Repository, snapshot_id: str) -> str:

@@ -128,3 +128,21 @@ def test_an_option_given_as_a_flag_gets_a_did_you_mean(argv, hint):
     r = subprocess.run([sys.executable, "-m", "refmount", "refs.json", "/mnt/x", "--no-such-flag"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "did you mean" not in r.stderr, r.stderr
+
+
+def test_help_names_icechunk_repositories_and_serve():
+    from refmount.cli.main import _parser
+
+    text = " ".join(_parser().format_help().split())
+    assert "Icechunk repository" in text and "refmount serve SOURCE" in text, text[:400]
+
+
+def test_stats_of_a_server_speak_of_http_not_fuse():
+    from refmount.cli.tools import format_stats
+
+    mount = format_stats({"lookups": 3, "opens": 2, "reads": 5, "open_files": 1, "errors": 0})
+    assert "FUSE lookups" in mount and "FUSE reads" in mount
+    served = format_stats({"lookups": 0, "opens": 0, "reads": 5, "open_files": 0, "pushed": 0,
+                           "errors": 0, "http_requests": 7, "http_status": {"200": 7}})
+    assert "FUSE" not in served and "open files" not in served, served
+    assert "key reads" in served and "HTTP requests" in served

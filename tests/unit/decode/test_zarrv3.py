@@ -145,6 +145,18 @@ def test_zero_dimensional(tmp_path):
     assert np.frombuffer(files["a/0"], "<f4").tolist() == [7.5]
 
 
+@pytest.mark.parametrize("dtype", ["<i4", "<f8", "u1"])
+def test_zero_dimensional_never_written_is_its_fill_value(tmp_path, dtype):
+    """CF's ``crs = 0`` as xarray writes it: zarr stores no chunk equal to the fill value."""
+    store_dir, _ = make(tmp_path, data=np.array(0, dtype), fill_value=0)
+    assert not any(p.name == "c" for p in (store_dir / "a").iterdir())  # never written
+    _tree, files = decoded(tmp_path, store_dir)
+    assert np.frombuffer(files["a/0"], dtype).tolist() == [0]
+    store_dir, _ = make(tmp_path / "nine", data=np.array(9, dtype), fill_value=9)
+    _tree, files = decoded(tmp_path / "nine", store_dir)
+    assert np.frombuffer(files["a/0"], dtype).tolist() == [9]
+
+
 def test_unknown_codec_is_left_out_with_its_reason(tmp_path, caplog):
     doc = {**ARRAY, "codecs": [{"name": "bytes"}, {"name": "fancy", "configuration": {}}]}
     refs = {"zarr.json": json.dumps({"zarr_format": 3, "node_type": "group"}),

@@ -95,7 +95,7 @@ def test_the_json_has_every_target_with_its_status_without_credentials() -> None
     text = report_json(reports(), "refs.json")
     out = json.loads(text)
     assert out["summary"] == {"targets": 3, "ok": 1, "missing": 1, "forbidden": 0, "short": 1,
-                              "changed": 0, "error": 0}
+                              "changed": 0, "error": 0, "unauthorised": 0}
     by_status = {t["status"]: t for t in out["targets"]}
     assert by_status["ok"] == {"url": "a.nc", "status": "ok", "needed": 10, "size": 10, "mtime_ns": 5}
     assert by_status["short"]["size"] == 4
@@ -170,3 +170,21 @@ def test_the_cli_exits_2_when_the_set_cannot_be_verified(local_set, capsys) -> N
     assert cli.main(["verify", str(local_set / "refs.json"), "-o", f"pins={bad}"]) == 2
     err = capsys.readouterr().err
     assert err.count("refmount: error:") == 3 and "not a refmount pin file" in err
+
+
+def test_unauthorised_virtual_chunks_are_reported_and_fail_the_exit_status(tmp_path, capsys) -> None:
+    """An Icechunk repository whose local virtual chunk container the options do not authorise:
+    its chunks are not verified, a row names it with the option that would, exit status 1;
+    with that option every target is verified, the repository's own chunks included."""
+    pytest.importorskip("icechunk")
+    from support.icechunkrepos import local_virtual_repo
+
+    built = local_virtual_repo(tmp_path / "repo", tmp_path / "netcdf")
+    assert cli.main(["verify", str(built.root)]) == 1
+    out = capsys.readouterr().out
+    assert "unauthorised" in out and "2 virtual chunks not verified" in out, out
+    assert f"-o allow_local={built.files}" in out
+    assert out.strip().splitlines()[-1].endswith("1 unauthorised"), out
+    assert cli.main(["verify", str(built.root), "-o", f"allow_local={built.files}"]) == 0, \
+        capsys.readouterr().out
+    assert capsys.readouterr().out.strip() == "3 targets, 3 ok"
