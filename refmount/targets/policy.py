@@ -191,7 +191,10 @@ def target_policy(cfg: MountConfig, own_objects: str | None = None) -> TargetPol
     """The policy of a mount with ``cfg``; ``own_objects``: the URL prefix of the set's own
     objects read as targets (``OpenedTree.own_objects``), readable whatever ``allow_local`` names
     when local."""
-    own = [local_path(own_objects)] if own_objects is not None and is_local(own_objects) else []
+    # allowed: the directory holding them (the repository), so that the objects' own directory
+    # (``chunks``) is opened beneath it, never followed as a symlink out of it
+    own = ([os.path.dirname(local_path(own_objects).rstrip("/"))]
+           if own_objects is not None and is_local(own_objects) else [])
     base = None
     if is_local(cfg.source):
         # A directory SOURCE is a Parquet set: relative paths in it are relative to the
