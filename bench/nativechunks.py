@@ -13,7 +13,7 @@ its size matches) holds one array ``t`` (``int8``, shape ``(--native-steps, 1000
   ``--base`` checkout's refmount the same way (when given), and icechunk's own store in a fresh
   process (``zarr.open_array(session.store)``: the local directory; behind latency icechunk
   1.1.21 has no HTTP storage of repositories, so that cell is empty). Every value is checked.
-* with ``cdo`` among the peers: ``cdo -s fldmean`` of the whole array through a fresh ``-o
+* with ``cdo`` among the peers: ``cdo -s output -fldmean`` of the whole array through a fresh ``-o
   decode`` mount (netCDF-C's NCZarr reading the decoded Zarr v2 view), against the same
   command over a plain Zarr v2 copy of the array (no compressor) on local disk.
 
@@ -91,7 +91,8 @@ def write_plain_v2(root: Path, steps: int) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     group = zarr.open_group(str(tmp), mode="w", zarr_format=2)
     arr = group.create_array("t", shape=(steps, SIDE, SIDE), chunks=(1, CHUNK, CHUNK), dtype="i1",
-                             compressors=None, fill_value=0, dimension_names=["time", "y", "x"])
+                             compressors=None, fill_value=0,
+                             attributes={"_ARRAY_DIMENSIONS": ["time", "y", "x"]})
     for k in range(steps):
         arr[k] = step_values(np, k)
     zarr.consolidate_metadata(str(tmp))
@@ -192,8 +193,10 @@ class Run:
         h.wait_idle(self.args.quiet_wait, self.args.quiet_load)
         opts = [f"cache_dir={self.caches.fresh(tag)}", f"log={self.logs / f'refmount-{tag}.log'}", *extra]
         opts += list(filter(None, [self.args.refmount_opts]))
-        m = h.mount_refmount(Path(source), self.mnt, opts, self.timeout, self.log, probe="t/zarr.json"
-                             if "decode" not in extra else "t/.zarray", repo=repo)
+        probe = "t/.zarray" if "decode" in extra else "t/zarr.json"
+        # a URL as it is: Path() would merge the slashes of http://
+        m = h.mount_refmount(source, self.mnt, opts, self.timeout, self.log,  # type: ignore[arg-type]
+                             probe=probe, repo=repo)
         self.live.append(m)
         return m
 
@@ -218,7 +221,7 @@ class Run:
 
     def cdo(self, url: str) -> tuple[float, str]:
         t0 = time.perf_counter()
-        r = subprocess.run(["cdo", "-s", "-f", "nc", "outputtab,value", "-fldmean", url],
+        r = subprocess.run(["cdo", "-s", "output", "-fldmean", url],
                            capture_output=True, text=True, timeout=self.timeout)
         if r.returncode:
             raise h.Failed(f"cdo failed: {r.stderr.strip()[-200:]}")
