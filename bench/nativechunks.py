@@ -241,7 +241,9 @@ class Run:
 
     def run(self) -> tuple[list[str], list[list[str]]]:
         self.prepare()
-        cols = ["refmount", *(["refmount (base)"] if self.base else []), "icechunk 1.1.21 in-process"]
+        ice, plain = "icechunk 1.1.21 in-process", "plain Zarr v2 on disk (cdo)"
+        cols = ["refmount", *(["refmount (base)"] if self.base else []),
+                *([ice] if "icechunk" in self.peers else []), *([plain] if "cdo" in self.peers else [])]
         cells: dict[tuple[str, str], list[float]] = {}
 
         def measure(row: str, col: str, one: Any) -> Any:
@@ -259,7 +261,7 @@ class Run:
         for lat in self.latencies:
             rows.append(f"cold zarr read of {self.read_steps * PER_STEP:,} chunks, "
                         + ("local" if not lat else f"behind {lat:g} ms") + ", s")
-        cdo_row = f"cdo fldmean of {self.steps * PER_STEP:,} chunks via -o decode / plain Zarr v2, s"
+        cdo_row = f"cdo fldmean of {self.steps * PER_STEP:,} chunks, s"
         for i in range(self.args.repeat):
             for lat, row in zip(self.latencies, rows, strict=True):
                 if "refmount" in self.peers:
@@ -267,13 +269,13 @@ class Run:
                     if self.base:
                         measure(row, "refmount (base)", partial(self.mount_pass, lat, f"b{i}", self.base))
                 if "icechunk" in self.peers and not lat:
-                    measure(row, "icechunk 1.1.21 in-process", self.inproc_pass)
+                    measure(row, ice, self.inproc_pass)
             if "cdo" in self.peers:
                 mine = measure(cdo_row, "refmount", partial(self.cdo_mount_pass, f"c{i}", None))
                 if self.base:
                     measure(cdo_row, "refmount (base)", partial(self.cdo_mount_pass, f"cb{i}", self.base))
-                plain = measure(cdo_row, "icechunk 1.1.21 in-process", self.cdo_plain_pass)
-                if mine and plain and mine[1].split() != plain[1].split():
+                theirs = measure(cdo_row, plain, self.cdo_plain_pass)
+                if mine and theirs and mine[1].split() != theirs[1].split():
                     self.log("  cdo: the means through the mount differ from the plain copy's")
                     cells[(cdo_row, "refmount")] = []
 
@@ -284,14 +286,14 @@ class Run:
             return f"{statistics.median(got):.2f}" if got else "failed"
 
         table = [[row, *(cell(row, c) for c in cols)] for row in rows]
-        for row in rows:
-            mine, theirs = cells.get((row, "refmount")), cells.get((row, cols[-1]))
+        for row, col, goal in [*((r, ice, "icechunk") for r in rows), (cdo_row, plain, "the plain copy")]:
+            mine, theirs = cells.get((row, "refmount")), cells.get((row, col))
             if mine and theirs:
-                table.append([f"  refmount's speed relative to icechunk ({row.split(', ')[1]})",
+                table.append([f"  refmount's speed relative to {goal} ({row.removesuffix(', s')})",
                               f"{statistics.median(theirs) / statistics.median(mine):.2f}x",
                               *([""] * (len(cols) - 1))])
         if "cdo" in self.peers:
-            table.append([cdo_row + " (last column: the plain copy)", *(cell(cdo_row, c) for c in cols)])
+            table.append([cdo_row, *(cell(cdo_row, c) for c in cols)])
         return cols, table
 
 

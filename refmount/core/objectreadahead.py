@@ -149,6 +149,7 @@ class NativeReadahead:
         self.policy = ObjectReadahead(max_window)
         self._listing: set[int] = set()  # arrays whose listing is being made
         self._ends: LRU[int, tuple[np.ndarray, np.ndarray]] = LRU(64)  # per array: (sizes, their cumsum)
+        self._next: dict[int, int] = {}  # per array: the position after the chunk last opened
 
     def opened(self, aid: int, number: int) -> None:
         """A reader opened the chunk ``number`` of array ``aid`` (its first read follows)."""
@@ -166,9 +167,12 @@ class NativeReadahead:
         if ends is None or ends[0] is not sizes:  # once per listing: where each chunk ends
             ends = (sizes, np.cumsum(sizes))
             self._ends.put(aid, ends)
-        pos = int(np.searchsorted(numbers, number))
-        if pos >= len(numbers) or int(numbers[pos]) != number:
-            return
+        pos = self._next.get(aid, 0)  # in key order the chunk after the last one: no search
+        if not (pos < len(numbers) and numbers[pos] == number):
+            pos = int(numbers.searchsorted(number))
+            if pos >= len(numbers) or numbers[pos] != number:
+                return
+        self._next[aid] = pos + 1
         ahead = self.policy.note(str(aid), pos, ends[1])
         if ahead:
             wanted = numbers[ahead.start:ahead.stop].tolist()
