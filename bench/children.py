@@ -250,6 +250,10 @@ def main(argv: list[str]) -> int:
         from bench.icechunk import CHILDREN as icechunk_children
 
         CHILDREN.update(icechunk_children)
+    if kind.startswith("native_"):  # the native workload's readers
+        from bench.nativechunks import CHILDREN as native_children
+
+        CHILDREN.update(native_children)
     try:
         CHILDREN[kind](json.loads(spec))
     except Exception as e:

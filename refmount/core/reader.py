@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from refmount.base.lru import LRU
 from refmount.base.stats import Stats
 from refmount.cache.blocks import Block, DiskCache, MemoryLRU
 from refmount.cache.writer import CacheWriter
@@ -36,6 +37,7 @@ __all__ = ["BlockKey", "ReadState", "RefReader"]
 
 class RefReader:
     PUSH_LIMIT = 2**20
+    OBJECTS_AHEAD = 8192
 
     def __init__(
         self,
@@ -69,6 +71,10 @@ class RefReader:
         self.across_keys = AcrossKeys(self.target_readahead)
         self.handle_readahead = HandleReadahead(block_size, max_readahead)
         self.order = OrderDetector()  # keys read for the first time, per target
+        # Objects loaded whole ahead of a reader going through them in key order (an Icechunk
+        # repository's native chunks: ``core/objectreadahead.py``), until their open
+        # (``ready_whole``) or until forgotten.
+        self.objects_ahead: LRU[BlockKey, bool] = LRU(self.OBJECTS_AHEAD)
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Where background work (disk writes, readahead) runs: the daemon's nursery."""
@@ -209,14 +215,19 @@ class RefReader:
         reader going through its target in order, if memory has them right now (no I/O, no
         waiting), counted as its first read: for storing in the page cache at open. Chunks
         met at random are left to their READs: such readers often read part of a file, and
-        a store is a copy of all of it, on the FUSE thread."""
+        a store is a copy of all of it, on the FUSE thread. Objects read ahead whole in key
+        order (``objects_ahead``) are pushed from memory the same way."""
         if ref.kind is not RefKind.RANGE or ref.url is None or not 0 < ref.length <= self.PUSH_LIMIT:
             return None
         url, start, end = ref.url, ref.offset, ref.offset + ref.length
         self.order.follows(url, start, end)  # a first read, pushed or not: keep the order detector current
         key = BlockKey(url, start, ref.length)
-        if self.store.cached(key) is not None:
-            return None
+        cached = self.store.cached(key)
+        if cached is not None:
+            if self.objects_ahead.pop(key) is None:
+                return None
+            self.stats.prefetch_hits += 1  # an object read ahead of its reader (``ObjectReadahead``)
+            return cached
         found = self.target_readahead.peek(url, start, end)
         if found is not None:
             self._prefetch_hit(key, *found)

@@ -40,6 +40,7 @@ from refmount.base.urls import is_local
 from refmount.cache.blocks import Block, DiskCache, MemoryLRU
 from refmount.cache.writer import CacheWriter
 from refmount.config import MountConfig
+from refmount.core.objectreadahead import NativeReadahead
 from refmount.core.reader import RefReader
 from refmount.decode.codecplan import DecodedArray
 from refmount.decode.codecworker import CodecWorkers
@@ -318,6 +319,11 @@ def build_core(cfg: MountConfig, index_file: IndexFile) -> SetCore:
         stats=stats,
     )
     tree: Tree = opened.tree
+    from refmount.refs.icechunk.tree import IcechunkTree  # imported when needed, like its format
+
+    if isinstance(tree, IcechunkTree):  # its native chunks: an object each, read ahead in key order
+        tree.on_open = NativeReadahead(tree, reader.store, cfg.max_readahead,
+                                       loaded=lambda key: reader.objects_ahead.put(key, True)).opened
     info = {"source": redact_url(cfg.source), "format": fmt.name, **opened.info}
     info["keys"] = str(len(tree))
     decoder = view = None

@@ -104,6 +104,9 @@ class IcechunkTree:
         self._listings: LRU[int, tuple[np.ndarray, np.ndarray]] = LRU(
             max_weight=LISTING_BYTES, weigh=lambda v: v[0].nbytes + v[1].nbytes, keep_newest=True)
         self._listing_locks: dict[int, trio.Lock] = {}
+        # Told of each native chunk a reader opens (aid, number): readahead across the
+        # array's chunk objects (core/objectreadahead.py), set by the set's core.
+        self.on_open: Callable[[int, int], None] | None = None
 
     def __len__(self) -> int:
         return len(self.meta) + sum(a.keys.count for a in self.arrays)
@@ -140,6 +143,28 @@ class IcechunkTree:
                 known = await self._in_thread(self._list, aid)
                 self._listings.put(aid, known)
         return known
+
+    def listing_now(self, aid: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The listing of array ``aid`` if it is known now (no I/O)."""
+        return self._listings.get(aid)
+
+    async def object_refs(self, aid: int, numbers: list[int]) -> list[Ref | None]:
+        """The references of the chunks ``numbers`` of array ``aid``, looked up in one worker
+        thread and kept like any lookup; None for a chunk that is not a native one (inline,
+        virtual: readahead across objects leaves those alone) or was not written."""
+        array = self.arrays[aid]
+        todo = [n for n in numbers if self._lookups.get((aid, n)) is None]
+        if todo:
+            found = await self._in_thread(
+                lambda: [self.source.chunk(array.path, array.keys.coords(n)) for n in todo])
+            for n, chunk in zip(todo, found, strict=True):
+                self._lookups.put((aid, n), (chunk,))
+        out: list[Ref | None] = []
+        for n in numbers:
+            known = self._lookups.get((aid, n))
+            chunk = known[0] if known is not None else None
+            out.append(self.source.to_ref(chunk) if chunk is not None and chunk.kind == "native" else None)
+        return out
 
     def _list(self, aid: int) -> tuple[np.ndarray, np.ndarray]:
         array = self.arrays[aid]
@@ -279,7 +304,11 @@ class IcechunkTree:
     async def ref(self, node: Node) -> Ref:
         if not node.ino & _CHUNK:
             return await self.meta.ref(node)
-        return self.source.to_ref(await self._chunk_of(node))
+        chunk = await self._chunk_of(node)
+        if chunk.kind == "native" and self.on_open is not None:
+            aid, _, number = self._decode(node.ino)
+            self.on_open(aid, number)
+        return self.source.to_ref(chunk)
 
     async def size(self, node: Node) -> int:
         if not node.ino & _CHUNK:
