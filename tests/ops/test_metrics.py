@@ -7,15 +7,18 @@ hold sentinel values that never appear in an exposition nor in anything Promethe
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 from support.datasets import write_json
 from support.servers import free_port
@@ -226,3 +229,54 @@ def test_prometheus_scrapes_a_mount_and_a_server(mount, serve, sentinel_set, pro
         no_sentinel(values)
     no_sentinel(get(f"{prom}/api/v1/query?query=" + urllib.parse.quote('{__name__=~"refmount_.*"}'))[1])
     no_sentinel(m.log_text())
+
+
+def inline_set(path: Path, fill: int) -> None:
+    path.write_text(json.dumps({".zgroup": '{"zarr_format": 2}',
+                                "k": "base64:" + base64.b64encode(bytes([fill]) * 100).decode()}))
+
+
+def test_a_catalogue_mount_and_server_count_their_sets_not_name_them(mount, serve, tmp_path):
+    root = tmp_path / "catalogue"
+    root.mkdir()
+    inline_set(root / f"{KEY}a.json", 1)
+    inline_set(root / f"{KEY}b.json", 2)
+    port = free_port()
+    m = mount(root, "catalog", f"metrics={port}")  # a port alone: on loopback
+    url = f"http://127.0.0.1:{port}/metrics"
+    status, text = get(url)
+    assert status == 200
+    promtool_check(text)
+    assert value(text, "refmount_sets") == 2 and value(text, "refmount_sets_open") == 0
+    assert (m.path / f"{KEY}a" / "k").read_bytes() == bytes([1]) * 100
+    text = get(url)[1]
+    assert value(text, "refmount_sets_open") == 1 and value(text, "refmount_set_opens_total") == 1
+    assert value(text, 'refmount_fuse_requests_total{kind="read"}') >= 1
+    assert value(text, "refmount_read_bytes_total") >= 100
+    no_sentinel(text)
+
+    s = serve(root, "catalog")
+    assert s.request("GET", f"/{KEY}b/k").status == 200
+    status, text = get(s.url + ".refmount/metrics")
+    assert status == 200
+    promtool_check(text)
+    assert value(text, "refmount_sets") == 2 and value(text, "refmount_sets_open") == 1
+    assert value(text, 'refmount_http_requests_total{status="200"}') >= 1
+    no_sentinel(text)
+
+
+def test_a_metrics_address_in_use_is_one_error_and_nothing_mounted(mount_fails, sentinel_set):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        _result, line = mount_fails(sentinel_set, f"metrics=127.0.0.1:{port}",
+                                   must_mention=("metrics", "in use"))
+    assert "-o metrics=" in line
+
+
+def test_a_mount_without_the_option_listens_on_nothing_new(mount, sentinel_set):
+    m = mount(sentinel_set)
+    pid = m.procs[0].pid
+    listening = [c for c in psutil.Process(pid).net_connections(kind="inet") if c.status == "LISTEN"]
+    assert not listening, listening
