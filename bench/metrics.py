@@ -133,6 +133,10 @@ def serve_pass(refs: Path, work: Path, n: int, repo: Path, metrics: bool,
     return out
 
 
+def cell(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f} [{min(values):.1f}, {max(values):.1f}]"
+
+
 def run(args: argparse.Namespace, workloads: list[str], peers: list[str], work: Path) -> list[Table]:
     n = args.metrics_keys or (256 if args.quick else 2048)
     work.mkdir(parents=True, exist_ok=True)
@@ -160,11 +164,12 @@ def run(args: argparse.Namespace, workloads: list[str], peers: list[str], work: 
     finally:
         nginx.stop()
     columns = [("fuse_mbps", "mount cold MB/s"), ("fuse_cpu_ms_mb", "mount CPU ms/MB"),
-               ("serve_cold_rps", "serve cold req/s"), ("serve_warm_rps", "serve warm req/s"),
+               ("serve_cold_rps", "serve cold req/s"), ("serve_cold_cpu_ms_mb", "serve cold CPU ms/MB"),
+               ("serve_warm_rps", "serve warm req/s"),
                ("serve_warm_cpu_ms_mb", "serve warm CPU ms/MB")]
-    t = Table("metrics", f"metrics on the read path: {n} keys of 64 KiB, medians of {args.repeat} "
-              "interleaved passes", ["variant", *(c[1] for c in columns)])
+    t = Table("metrics", f"metrics on the read path: {n} keys of 64 KiB, median [lowest, highest] of "
+              f"{args.repeat} interleaved passes", ["variant", *(c[1] for c in columns)])
     for name, _, _ in variants:
-        t.rows.append([name, *(f"{statistics.median(r[k] for r in results[name]):.1f}" for k, _ in columns)])
+        t.rows.append([name, *(cell([r[k] for r in results[name]]) for k, _ in columns)])
     t.data = {"results": results, "keys": n, "scrape_interval": args.scrape_interval}
     return [t]

@@ -255,7 +255,8 @@ def test_a_catalogue_mount_and_server_count_their_sets_not_name_them(mount, serv
     assert value(text, "refmount_read_bytes_total") >= 100
     no_sentinel(text)
 
-    s = serve(root, "catalog")
+    sport = free_port()
+    s = serve(root, "catalog", f"metrics=127.0.0.1:{sport}")  # also on a listener of its own
     assert s.request("GET", f"/{KEY}b/k").status == 200
     status, text = get(s.url + ".refmount/metrics")
     assert status == 200
@@ -263,6 +264,9 @@ def test_a_catalogue_mount_and_server_count_their_sets_not_name_them(mount, serv
     assert value(text, "refmount_sets") == 2 and value(text, "refmount_sets_open") == 1
     assert value(text, 'refmount_http_requests_total{status="200"}') >= 1
     no_sentinel(text)
+    status, text = get(f"http://127.0.0.1:{sport}/metrics")
+    assert status == 200
+    assert value(text, 'refmount_info{frontend="http"}') == 1 and value(text, "refmount_sets_open") == 1
 
 
 def test_a_metrics_address_in_use_is_one_error_and_nothing_mounted(mount_fails, sentinel_set):

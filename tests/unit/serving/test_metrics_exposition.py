@@ -200,3 +200,19 @@ def test_the_scrape_example_passes_promtool(tmp_path):
     r = subprocess.run([promtool, "check", "config", str(tmp_path / "p.yml")], capture_output=True,
                        timeout=60)
     assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
+
+
+def test_the_daemonset_example_exports_on_its_annotated_port():
+    import yaml
+
+    from refmount.config.options import OPTIONS_BY_NAME
+
+    ds = next(d for d in yaml.safe_load_all((EXAMPLES / "refmount-daemonset.yaml").read_text())
+              if d["kind"] == "DaemonSet")
+    template = ds["spec"]["template"]
+    command = template["spec"]["containers"][0]["command"]
+    options = dict(o.partition("=")[::2] for o in command[command.index("-o") + 1].split(","))
+    listen = OPTIONS_BY_NAME["metrics"].kind.parse("metrics", options["metrics"])
+    port = listen.rpartition(":")[2]
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == port
+    assert {"name": "metrics", "containerPort": int(port)} in template["spec"]["containers"][0]["ports"]
