@@ -213,6 +213,13 @@ class MetricsCollector:
                                   value=sum(int(s.get("version", 0)) for s in states.values()))
         yield GaugeMetricFamily("refmount_sets_failed", "sets whose last open or reload failed",
                                 value=sum(1 for s in states.values() if s.get("error") is not None))
+        yield CounterMetricFamily("refmount_set_index_failures", "opens and re-indexings of sets that failed",
+                                  value=d.get("set_index_failures", 0))
+        yield CounterMetricFamily("refmount_set_reloads", "new versions of sets swapped in by reloads",
+                                  value=d.get("set_reloads", 0))
+        yield CounterMetricFamily("refmount_set_reload_failures",
+                                  "reloads that kept the old version (SOURCE not identified, not indexed, "
+                                  "no room)", value=d.get("set_reload_failures", 0))
         yield CounterMetricFamily("refmount_reload_checks", "checks of the sets for changes",
                                   value=d.get("reload_checks", 0))
         yield GaugeMetricFamily("refmount_catalog_unreadable", "1 while the catalogue cannot be read again",

@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -56,6 +57,16 @@ def read_uncached(path: Path) -> bytes:
         return os.read(fd, 1 << 20)
     finally:
         os.close(fd)
+
+
+def wait_text(url: str, ok, timeout: float = 30) -> bytes:
+    """The exposition at ``url`` once ``ok(it)``, or the last one after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = get(url)[1]
+        if ok(text) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.2)
 
 
 def promtool_check(text: bytes) -> None:
@@ -253,6 +264,21 @@ def test_a_catalogue_mount_and_server_count_their_sets_not_name_them(mount, serv
     assert value(text, "refmount_sets_open") == 1 and value(text, "refmount_set_opens_total") == 1
     assert value(text, 'refmount_fuse_requests_total{kind="read"}') >= 1
     assert value(text, "refmount_read_bytes_total") >= 100
+    no_sentinel(text)
+    # a reload (SIGUSR1) swaps a changed set in; a broken one keeps the old version, counted
+    pid = m.procs[0].pid
+    inline_set(root / f"{KEY}a.json", 3)
+    os.kill(pid, signal.SIGUSR1)
+    text = wait_text(url, lambda t: value(t, "refmount_set_reloads_total") == 1)
+    assert value(text, "refmount_set_reloads_total") == 1, text.decode()
+    assert value(text, "refmount_set_reload_failures_total") == 0
+    assert (m.path / f"{KEY}a" / "k").read_bytes() == bytes([3]) * 100
+    (root / f"{KEY}a.json").write_text('{"k": "broken')
+    os.kill(pid, signal.SIGUSR1)
+    text = wait_text(url, lambda t: value(t, "refmount_set_reload_failures_total") == 1)
+    assert value(text, "refmount_set_reload_failures_total") == 1, text.decode()
+    assert value(text, "refmount_set_index_failures_total") == 1
+    assert value(text, "refmount_sets_failed") == 1 and value(text, "refmount_set_reloads_total") == 1
     no_sentinel(text)
 
     sport = free_port()

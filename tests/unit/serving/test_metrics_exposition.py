@@ -91,7 +91,8 @@ def test_several_sets_and_http_counters_add_up():
                            http_refused=0, http_connections=1)
     latency = Latency()
     latency.observe(0.004)
-    sets = {"sets": 3, "sets_open": 2, "max_open_sets": 8, "reload_checks": 4,
+    sets = {"sets": 3, "sets_open": 2, "max_open_sets": 8, "reload_checks": 4, "set_reloads": 5,
+            "set_reload_failures": 6, "set_index_failures": 7,
             "set_states": {SET: {"state": "open", "version": 2}, SET + "2": {"state": "closed",
                                                                               "error": SET}}}
     text = exposition(MetricsCollector(lambda: Reading("http", cores=[a, b], http=http,
@@ -104,6 +105,9 @@ def test_several_sets_and_http_counters_add_up():
     assert value(text, "refmount_set_opens_total") == 2
     assert value(text, "refmount_sets_failed") == 1
     assert value(text, "refmount_reload_checks_total") == 4
+    assert value(text, "refmount_set_reloads_total") == 5
+    assert value(text, "refmount_set_reload_failures_total") == 6
+    assert value(text, "refmount_set_index_failures_total") == 7
     assert ("refmount_fuse_requests_total", (("kind", "read"),)) not in samples(text)
     assert SET.encode() not in text
 
