@@ -17,6 +17,7 @@ from bench import (
     icechunk,
     inline,
     latency,
+    metrics,
     nativechunks,
     parse,
     reads,
@@ -29,7 +30,7 @@ from bench.harness import PY, REPO
 from bench.report import Table, write_json
 
 MODULES: list[ModuleType] = [reads, latency, scale, inline, parse, serve, catalog, verify, workers, icechunk,
-                             nativechunks]
+                             metrics, nativechunks]
 GROUPS = {"reads": list(reads.WORKLOADS)}  # the read-path table: bench run --workloads reads
 
 

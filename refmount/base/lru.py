@@ -22,7 +22,8 @@ class LRU(Generic[K, V]):
     (``weigh(value)``) is over ``max_weight``. An entry heavier than ``max_weight`` by
     itself is not stored, unless ``keep_newest``: then the newest entry is always kept."""
 
-    __slots__ = ("_items", "keep_newest", "max_items", "max_weight", "peek", "weigh", "weight")
+    __slots__ = ("_items", "evictions", "keep_newest", "max_items", "max_weight", "peek", "weigh",
+                 "weight")
 
     def __init__(
         self,
@@ -41,6 +42,7 @@ class LRU(Generic[K, V]):
         self.weigh = weigh
         self.keep_newest = keep_newest
         self.weight = 0
+        self.evictions = 0  # entries dropped to stay within the bounds (the metrics read it)
         self._items: OrderedDict[K, V] = OrderedDict()
         self.peek: Callable[[K], V | None] = self._items.get  # no recency: a plain dict lookup
 
@@ -68,6 +70,7 @@ class LRU(Generic[K, V]):
             max_weight is not None and self.weight > max_weight and len(items) > 1
         ):
             _, evicted = items.popitem(last=False)
+            self.evictions += 1
             if weigh is not None:
                 self.weight -= weigh(evicted)
 

@@ -8,7 +8,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from refmount.base.latency import Latency
 from refmount.base.redact import redact_url
+
+# the target protocols counted apart in the metrics (any other is "other": a bounded label set)
+PROTOCOLS = ("http", "https", "s3", "gs", "gcs", "az", "abfs", "abfss", "adl", "file", "local",
+             "memory", "hf", "ftp", "sftp", "webdav", "other")
+# per protocol: fetches, bytes fetched, retries, reads answered with an error
+FETCHES, FETCHED_BYTES, RETRIES, ERRORS = range(4)
 
 
 @dataclass
@@ -43,6 +50,31 @@ class Stats:
     credentials: dict[str, dict[str, Any]] = field(default_factory=dict)
     # a shared mount's or a server's: last_error holds a fixed text (not in as_dict)
     shared: bool = False
+    # for the metrics only (serving/metrics.py; not in as_dict): durations of the front end's
+    # requests (a FUSE read, an HTTP request) and of fetches, and counts per target protocol
+    request_latency: Latency = field(default_factory=Latency)
+    fetch_latency: Latency = field(default_factory=Latency)
+    protocols: dict[str, list[int]] = field(default_factory=dict)
+
+    def fetched(self, url: str, nbytes: int, seconds: float) -> None:
+        """Count a fetch from a target that gave ``nbytes`` in ``seconds``."""
+        self.requests += 1
+        self.bytes_fetched += nbytes
+        self.fetch_latency.observe(seconds)
+        counts = self._of(url)
+        counts[FETCHES] += 1
+        counts[FETCHED_BYTES] += nbytes
+
+    def retried(self, url: str) -> None:
+        self.retries += 1
+        self._of(url)[RETRIES] += 1
+
+    def _of(self, url: str) -> list[int]:
+        protocol = protocol_of(url)
+        counts = self.protocols.get(protocol)
+        if counts is None:
+            counts = self.protocols[protocol] = [0, 0, 0, 0]
+        return counts
 
     def failed(self, key: str, error: Exception) -> None:
         """Count a read answered with an error and remember it as the last one. Of a shared
@@ -51,6 +83,8 @@ class Stats:
         other users or HTTP clients read."""
         self.errors += 1
         url = getattr(error, "url", None)
+        if isinstance(url, str):
+            self._of(url)[ERRORS] += 1
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         if self.shared:
             self.last_error = {"time": when, "key": key, "target": None, "reason": failure_kind(error)}
@@ -64,7 +98,8 @@ class Stats:
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        del d["shared"]
+        for name in ("shared", "request_latency", "fetch_latency", "protocols"):
+            del d[name]
         d["uptime"] = round(time.time() - self.started, 3)
         return d
 
@@ -81,3 +116,12 @@ def failure_kind(error: Exception) -> str:
     if errno_ == errno.ENOENT:
         return "a target does not exist (the log says more)"
     return "a target could not be read (the log says why)"
+
+
+def protocol_of(url: str) -> str:
+    """The protocol a target is read with, one of ``PROTOCOLS`` (never more of the URL)."""
+    scheme, sep, _ = url.rpartition("::")[2].partition("://")
+    if not sep:
+        return "file"
+    scheme = scheme.lower()
+    return scheme if scheme in PROTOCOLS else "other"

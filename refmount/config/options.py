@@ -199,6 +199,13 @@ OPTIONS: tuple[Option, ...] = (
            "SEC seconds and on SIGUSR1; a changed set is indexed again and swapped in, files "
            "already open keep reading the old one (0: off; a catalogue is still checked on "
            "SIGUSR1)"),
+    # metrics for Prometheus
+    Option("metrics", Listen(metavar="[HOST:]PORT", pytype="str | None", port_alone=True), None,
+           "answer Prometheus' scrapes at http://HOST:PORT/metrics, no token asked (PORT alone: "
+           "on 127.0.0.1; another host's address lets other hosts read the counters, logged as "
+           "a warning); refmount serve has them at /.refmount/metrics in any case, behind its "
+           "auth_token (docs/operations.md#metrics)",
+           shown_default="off"),
     # serving over HTTP (refmount serve)
     Option("listen", Listen(), "127.0.0.1:8080",
            "refmount serve: the address and port to listen on (a non-loopback address "

@@ -305,12 +305,16 @@ class Directories:
 
 @dataclass(frozen=True)
 class Listen:
-    """``HOST:PORT`` (``[V6]:PORT`` for IPv6); port 0 lets the system choose."""
+    """``HOST:PORT`` (``[V6]:PORT`` for IPv6); port 0 lets the system choose. With
+    ``port_alone``, a ``PORT`` alone is that port on the loopback address."""
 
     metavar: str = "HOST:PORT"
     pytype: str = "str"
+    port_alone: bool = False
 
     def parse(self, name: str, text: str) -> str:
+        if self.port_alone and text.isdigit():
+            text = "127.0.0.1:" + text
         split_listen(text, name)
         return text
 

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -168,7 +169,13 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None],
     ``log_target`` (what ``setup_logging`` returned) is shown by ``refmount stats``."""
     trim = process.tune()
     check_mountpoint(cfg.mountpoint, cfg.nonempty)
-    mount = build_mount(cfg, index_file)
+    metrics_sock = metrics_socket(cfg)
+    try:
+        mount = build_mount(cfg, index_file)
+    except BaseException:
+        if metrics_sock is not None:
+            metrics_sock.close()
+        raise
     if log_target:
         mount.info["log"] = "syslog (journalctl -t refmount)" if log_target == "syslog" else log_target
     with captured_stderr() as printed:  # libfuse's and fusermount3's reasons
@@ -176,6 +183,8 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None],
             pyfuse3.init(mount.fs, cfg.mountpoint, fuse_options(cfg))
         except RuntimeError as e:
             mount.close()
+            if metrics_sock is not None:
+                metrics_sock.close()
             raise MountError(explain(cfg.mountpoint, str(e), printed())) from None
         said = printed().strip()
     if said:
@@ -186,9 +195,11 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None],
     )
     try:
         # trio (FUSE) as a guest of the asyncio loop fsspec's filesystems run on: one thread.
-        guestloop.run(_main, cfg, mount, on_ready, trim, on_loop=mount.bind_loop,
+        guestloop.run(_main, cfg, mount, on_ready, trim, metrics_sock, on_loop=mount.bind_loop,
                       before_close=mount.aclose)
     finally:
+        if metrics_sock is not None:
+            metrics_sock.close()
         pyfuse3.close(unmount=True)
         mount.close(timeout=5.0)  # finish queued block writes
         stats = mount.stats.as_dict()
@@ -202,9 +213,11 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[], None],
 
 
 async def _main(cfg: MountConfig, mount: Mount | SetMount, on_ready: Callable[[], None],
-                trim: Callable[[int], int] | None) -> None:
+                trim: Callable[[int], int] | None, metrics_sock: socket.socket | None) -> None:
     async with trio.open_nursery() as nursery:
         mount.start(nursery, trim)
+        if metrics_sock is not None:
+            nursery.start_soon(_serve_metrics, mount, metrics_sock)
         nursery.start_soon(_fuse_main, cfg, nursery)
         nursery.start_soon(_stop_on_signal, nursery)
         if not mount.user_signals:
@@ -215,6 +228,33 @@ async def _main(cfg: MountConfig, mount: Mount | SetMount, on_ready: Callable[[]
         on_ready()
         sd_notify("READY=1\nSTATUS=serving " + cfg.mountpoint)
         await mount.warm()
+
+
+def metrics_socket(cfg: MountConfig) -> socket.socket | None:
+    """The listener of ``-o metrics``, bound before mounting (an address in use is an error
+    and nothing mounted), or None."""
+    if not cfg.metrics:
+        return None
+    from refmount.serving.metrics import bind
+
+    return bind(cfg.metrics)
+
+
+async def _serve_metrics(mount: Mount | SetMount, sock: socket.socket) -> None:
+    from refmount.serving.metrics import MetricsCollector, MetricsListener, Reading
+
+    if isinstance(mount, SetMount):
+        sets, fs = mount.sets, mount.fs
+        own = [fs.stats] if fs is not None else []
+
+        def read() -> Reading:
+            return Reading("fuse", cores=[v.core for v in sets.open_versions()], own=own,
+                           sets=mount.describe())
+    else:
+        def read() -> Reading:
+            return Reading("fuse", cores=[mount.core])
+
+    await MetricsListener(MetricsCollector(read)).serve(sock)
 
 
 async def _fuse_main(cfg: MountConfig, nursery: trio.Nursery) -> None:

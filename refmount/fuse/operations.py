@@ -310,6 +310,7 @@ class RefFS(pyfuse3.Operations):
         if h.array is None and h.ref.kind is RefKind.RANGE and h.node.ino not in self._clipped:
             self._clip(h.node, h.ref)
         self.stats.bytes_read += len(data)
+        self.stats.request_latency.observe(trio.current_time() - began)
         if self.pusher is not None:
             self.pusher.given(self.inodes.outer(h.node.ino))
         if log.isEnabledFor(logging.DEBUG):

@@ -83,11 +83,18 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[str], Non
     if token:
         redact_in_logs(token)  # a malformed request quoting it: aiohttp logs it as it came
     sock = bind(cfg.listen)
+    metrics_sock = None
     try:
+        if cfg.metrics:
+            from refmount.serving.metrics import bind as bind_metrics
+
+            metrics_sock = bind_metrics(cfg.metrics)
         core: SetCore | SetMount = (build_sets(cfg, index_file) if serves_sets(cfg)
                                     else build_core(cfg, index_file))
     except BaseException:
         sock.close()
+        if metrics_sock is not None:
+            metrics_sock.close()
         raise
     url = base_url(sock)
     if not is_loopback(sock):
@@ -105,10 +112,12 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[str], Non
         await core.aclose()
 
     try:
-        guestloop.run(_main, cfg, core, sock, token, url, on_ready, trim, state,
+        guestloop.run(_main, cfg, core, sock, token, url, on_ready, trim, state, metrics_sock,
                       on_loop=core.bind_loop, before_close=before_close)
     finally:
         sock.close()
+        if metrics_sock is not None:
+            metrics_sock.close()
         core.close(timeout=5.0)
         front = state.get("front")
         counters = front.counters() if front is not None else core.stats.as_dict()
@@ -120,7 +129,7 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[str], Non
 
 async def _main(cfg: MountConfig, core: SetCore | SetMount, sock: socket.socket, token: str | None, url: str,
                 on_ready: Callable[[str], None], trim: Callable[[int], int] | None,
-                state: dict[str, HttpFrontEnd]) -> None:
+                state: dict[str, HttpFrontEnd], metrics_sock: socket.socket | None) -> None:
     loop = asyncio.get_running_loop()
     async with trio.open_nursery() as nursery:
         core.start(nursery, trim)
@@ -138,6 +147,10 @@ async def _main(cfg: MountConfig, core: SetCore | SetMount, sock: socket.socket,
         state["front"] = front
         server = await await_task(loop, loop.create_server(front.protocol_factory, sock=sock))
         nursery.start_soon(_stop_on_signal, nursery, server)
+        if metrics_sock is not None:  # -o metrics: also on a listener of its own
+            from refmount.serving.metrics import MetricsCollector, MetricsListener
+
+            nursery.start_soon(MetricsListener(MetricsCollector(front.reading)).serve, metrics_sock)
         # The server answers once a request from another thread comes back through our loop.
         await trio.to_thread.run_sync(_answers, _probe_address(sock), token)
         on_ready(url)

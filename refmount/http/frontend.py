@@ -35,13 +35,14 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 from aiohttp import web, web_server
 from aiohttp.web_request import BaseRequest
 
 from refmount.base.errors import FetchError, ReadError
+from refmount.base.latency import Latency
 from refmount.base.triocall import TrioCaller, TrioGone
 from refmount.core.setcore import SetCore
 from refmount.http import listing
@@ -59,15 +60,19 @@ from refmount.http.pathplan import (
 from refmount.http.validators import last_modified
 from refmount.targets.filesystems import await_task
 
+if TYPE_CHECKING:  # the metrics' module (prometheus_client) is imported at the first scrape
+    from refmount.serving.metrics import Reading
+
 log = logging.getLogger(__name__)
 
-__all__ = ["INFO_IN_STATS", "STATS_PATH", "HttpFrontEnd", "ServerStats"]
+__all__ = ["INFO_IN_STATS", "METRICS_PATH", "STATS_PATH", "HttpFrontEnd", "ServerStats"]
 
 LISTING_BATCH = 1024  # directory entries taken from the tree at a time
 LISTING_THREADS = 4  # pieces of listings made at once (each in a worker thread)
 WRITE_PIECE = 1 << 18  # bytes handed to the transport at a time (a slow client holds ~this)
 CONDITION_HEADERS = ("Range", "If-Range", "If-None-Match", "If-Modified-Since")
 STATS_PATH = "/.refmount/stats"  # the server's counters (JSON); never a key of the set
+METRICS_PATH = "/.refmount/metrics"  # the same for Prometheus (serving/metrics.py)
 # what the counters say of the set served (its core's info): an Icechunk repository's revision too
 INFO_IN_STATS = ("source", "format", "keys", "repository", "format_version", "revision", "snapshot",
                  "snapshot_time")
@@ -102,6 +107,8 @@ class Router(Protocol):
 
     def counters(self, front: HttpFrontEnd) -> dict[str, Any]: ...
 
+    def reading(self, front: HttpFrontEnd) -> Reading: ...
+
 
 class HttpFrontEnd(PathPlanner):
     """The request handler of one set's HTTP server (``handle``), plus the pieces the
@@ -122,6 +129,8 @@ class HttpFrontEnd(PathPlanner):
         visibility = "private" if token else "public"
         self.cache_control = f"{visibility}, max-age={int(cache_seconds)}"
         self.stats = ServerStats()
+        self.request_latency = Latency()  # of the requests this front end's handle() answers
+        self._collector: Any = None  # the metrics' (made at the first scrape)
         # the set's identity in entity tags (with its time stamp: validators.ref_parts)
         self._identity = core.info.get("source", "") if core is not None else ""
         self._zmetadata: bytes | None = None
@@ -155,6 +164,7 @@ class HttpFrontEnd(PathPlanner):
 
     # ---- one request -------------------------------------------------------------------------
     async def handle(self, request: BaseRequest) -> web.StreamResponse:
+        began = time.perf_counter()
         self.stats.http_requests += 1
         self.stats.http_connections = len(self._server.connections)
         headers: dict[str, str] = {}
@@ -165,6 +175,7 @@ class HttpFrontEnd(PathPlanner):
         except TrioGone:
             response = self._plain(503, headers, "the server is stopping")
         self.stats.count(response.status)
+        self.request_latency.observe(time.perf_counter() - began)
         return response
 
     async def _answer(self, request: BaseRequest, headers: dict[str, str]) -> web.StreamResponse:
@@ -186,6 +197,8 @@ class HttpFrontEnd(PathPlanner):
         raw = merge_slashes(request.rel_url.raw_path)
         if raw == STATS_PATH:
             return self._json(200, headers, self.counters())
+        if raw == METRICS_PATH:
+            return self._metrics(headers)
         if self.router is not None:
             return await self.router.answer(self, request, headers, raw)
         return await self.answer_path(request, headers, raw)
@@ -432,6 +445,24 @@ class HttpFrontEnd(PathPlanner):
             if name in self.core.info:
                 stats[name] = self.core.info[name]
         return stats
+
+    def reading(self) -> Reading:
+        """What the metrics read (``serving/metrics.py``)."""
+        from refmount.serving.metrics import Reading
+
+        if self.router is not None:
+            return self.router.reading(self)
+        self.stats.http_connections = len(self._server.connections)
+        return Reading("http", cores=[self.core], http=self.stats, http_latency=self.request_latency)
+
+    def _metrics(self, headers: dict[str, str]) -> web.Response:
+        from refmount.serving.metrics import CONTENT_TYPE, MetricsCollector, exposition
+
+        if self._collector is None:
+            self._collector = MetricsCollector(self.reading)
+        headers["Content-Type"] = CONTENT_TYPE
+        headers["Cache-Control"] = "no-store"
+        return web.Response(status=200, headers=headers, body=exposition(self._collector))
 
     @staticmethod
     def _plain(status: int, headers: dict[str, str], text: str) -> web.Response:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import urllib.parse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.web_request import BaseRequest
@@ -20,6 +20,9 @@ from refmount.http import listing
 from refmount.http.frontend import INFO_IN_STATS, HttpFrontEnd
 from refmount.sets.opensets import Sets
 from refmount.sets.setslots import SetEvents, SetUnavailable, SetVersion
+
+if TYPE_CHECKING:
+    from refmount.serving.metrics import Reading
 
 log = logging.getLogger(__name__)
 
@@ -112,3 +115,10 @@ class SetsRouter(SetEvents):
             info = slot.current.core.info
             counters.update({name: info[name] for name in INFO_IN_STATS if name in info})
         return counters
+
+    def reading(self, front: HttpFrontEnd) -> Reading:
+        from refmount.serving.metrics import Reading
+
+        front.stats.http_connections = len(front._server.connections)
+        return Reading("http", cores=[v.core for v in self.sets.open_versions()], http=front.stats,
+                       http_latency=front.request_latency, sets=self.describe())

@@ -71,6 +71,9 @@ class Sets:
         self.max_open = max(1, max_open)
         self.max_bytes = max_bytes  # of the versions not yet closed, in use or not (0: no bound)
         self.events = events or SetEvents()
+        # counted for refmount stats and the metrics: opens and re-indexings that failed,
+        # versions swapped in by a reload, reloads that kept the old version after a failure
+        self.index_failures = self.reloads = self.reload_failures = 0
         self._vids = itertools.count(1)
         self.slots: dict[str, SetSlot] = {}
         self._by_vid: dict[int, SetSlot] = {}  # a slot's shown vid -> the slot
@@ -223,6 +226,7 @@ class Sets:
             log.error("set %s: cannot be opened: %s", slot.name or "/",
                       redact_url(str(e) or type(e).__name__))
             slot.error = OPEN_FAILED
+            self.index_failures += 1
             with contextlib.suppress(Exception):
                 slot.failed_identity = await self._identity(slot)
             raise SetUnavailable(OPEN_FAILED) from None
@@ -386,6 +390,7 @@ class Sets:
                 identity = await self._identity(slot)
             except Exception as e:
                 slot.error = IDENTIFY_FAILED
+                self.reload_failures += 1
                 log.error("set %s: cannot identify SOURCE: %s (the opened version keeps serving)",
                           slot.name or "/", redact_url(str(e)))
                 return False
@@ -399,11 +404,13 @@ class Sets:
             try:
                 opened = await self._index(slot, slot.entry)
             except SetUnavailable:  # why: logged by _index
+                self.reload_failures += 1
                 log.error("set %s: the new version cannot be served, version %d keeps serving",
                           slot.name or "/", current.number)
                 return False
             if not await self._room_for(opened.size, keep=slot, replacing=current):
                 await self._discard(opened)
+                self.reload_failures += 1
                 log.error("set %s: the new version is not swapped in: %s bytes of open sets, and its %s "
                           "would pass max_open_memory=%s (version %d keeps serving; tried again at the "
                           "next check)", slot.name or "/", f"{self.held_bytes:,}", f"{opened.size:,}",
@@ -413,6 +420,7 @@ class Sets:
                 await self._discard(opened)
                 return False
             version = await self._install(slot, opened)
+            self.reloads += 1
             log.info("set %s: version %d swapped in", slot.name or "/", version.number)
             return True
         finally:
@@ -459,7 +467,8 @@ class Sets:
         sets = {name: s.describe() for name, s in sorted(self.slots.items())
                 if s.versions or s.error is not None}
         return {"sets": len(self.slots), "sets_open": self.opened, "max_open_sets": self.max_open,
-                "set_states": sets}
+                "set_index_failures": self.index_failures, "set_reloads": self.reloads,
+                "set_reload_failures": self.reload_failures, "set_states": sets}
 
     async def aclose(self) -> None:
         """Close every version and wait until they are."""

@@ -321,9 +321,9 @@ class Fetcher(FileSystems, Retries):
                             "supports ranges (nginx, Apache, an object store)", host)
             raise
         got = data if isinstance(data, int) else len(data)
-        self.stats.requests += 1
-        self.stats.bytes_fetched += got
-        self.links.of(url).observe(got, trio.current_time() - began)
+        took = trio.current_time() - began
+        self.stats.fetched(url, got, took)
+        self.links.of(url).observe(got, took)
         if log.isEnabledFor(logging.DEBUG):  # bench/diagnostics/inflight.py draws the timeline from these
             log.debug("request %s bytes %d-%d: %d bytes, began %.6f, took %.6f s",
                       redact_url(url), start, end, got, began, trio.current_time() - began)

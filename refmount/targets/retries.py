@@ -142,7 +142,7 @@ class Retries:
                             url, f"{what}{via()}: {why} (after {attempt + 1} attempts)"
                         ) from None
                     attempt += 1
-                    self.stats.retries += 1
+                    self.stats.retried(url)
                     if down:  # every mirror failed: start again from the best one
                         order, pos = self._mirror_order(route), 0
                     delay = min(0.1 * 2 ** (attempt - 1), 2.0) * (0.5 + random.random())
