@@ -53,9 +53,10 @@ if [ "$PROFILE" = test ]; then
     # cdo, nco (ncks): netCDF-C clients that compute statistics through -o decode in tests;
     # chromium: a real browser for the HTTP front end's CORS tests (headless);
     # python3-seccomp: tests run the unit's commands under its SystemCallFilter= (no systemd here);
-    # flatbuffers-compiler (flatc): scripts/gen_icechunk_flatbuffers.sh, checked by the unit tests.
+    # flatbuffers-compiler (flatc): scripts/gen_icechunk_flatbuffers.sh, checked by the unit tests;
+    # rclone: an S3 client (ListObjects V1) of serve's S3 dialect in tests.
     PKGS+=(nginx-light attr curl psmisc systemd gdal-bin cdo nco chromium python3-seccomp
-           flatbuffers-compiler)
+           flatbuffers-compiler rclone)
 fi
 if [ "$BENCH" -eq 1 ]; then
     # wrk (GET) and apache2-utils' ab (HEAD: wrk waits for a HEAD answer's body): the serve workload

@@ -30,6 +30,7 @@ from refmount.base.triocall import TrioCaller
 from refmount.config import MountConfig, describe_options, read_token, split_listen
 from refmount.core.setcore import SetCore, build_core
 from refmount.http.frontend import HttpFrontEnd
+from refmount.http.s3listener import S3Listener, s3_checker
 from refmount.http.sets import SetsRouter
 from refmount.refs import IndexFile
 from refmount.serving.readiness import run_detached, sd_notify
@@ -82,12 +83,20 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[str], Non
         raise MountError(str(e)) from None
     if token:
         redact_in_logs(token)  # a malformed request quoting it: aiohttp logs it as it came
+    checker = s3_checker(cfg, token)
     sock = bind(cfg.listen)
+    try:
+        s3sock = bind(cfg.s3_listen) if cfg.s3_listen else None
+    except BaseException:
+        sock.close()
+        raise
     try:
         core: SetCore | SetMount = (build_sets(cfg, index_file) if serves_sets(cfg)
                                     else build_core(cfg, index_file))
     except BaseException:
         sock.close()
+        if s3sock is not None:
+            s3sock.close()
         raise
     url = base_url(sock)
     if not is_loopback(sock):
@@ -96,19 +105,24 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[str], Non
     summary = core.summary if isinstance(core, SetMount) else f"{core.info['keys']} keys"
     log.info("serving %s at %s: %s (options: %s)", redact_url(cfg.source), url, summary,
              describe_options(cfg))
+    s3 = S3Listener(s3sock, cfg, checker) if s3sock is not None else None
     state: dict[str, HttpFrontEnd] = {}
 
     async def before_close() -> None:
         front = state.get("front")
         if front is not None:
             await front.shutdown(timeout=1.0)
+        if s3 is not None:
+            await s3.shutdown()
         await core.aclose()
 
     try:
-        guestloop.run(_main, cfg, core, sock, token, url, on_ready, trim, state,
+        guestloop.run(_main, cfg, core, sock, token, url, on_ready, trim, state, s3,
                       on_loop=core.bind_loop, before_close=before_close)
     finally:
         sock.close()
+        if s3sock is not None:
+            s3sock.close()
         core.close(timeout=5.0)
         front = state.get("front")
         counters = front.counters() if front is not None else core.stats.as_dict()
@@ -120,7 +134,7 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[str], Non
 
 async def _main(cfg: MountConfig, core: SetCore | SetMount, sock: socket.socket, token: str | None, url: str,
                 on_ready: Callable[[str], None], trim: Callable[[int], int] | None,
-                state: dict[str, HttpFrontEnd]) -> None:
+                state: dict[str, HttpFrontEnd], s3: S3Listener | None) -> None:
     loop = asyncio.get_running_loop()
     async with trio.open_nursery() as nursery:
         core.start(nursery, trim)
@@ -137,7 +151,10 @@ async def _main(cfg: MountConfig, core: SetCore | SetMount, sock: socket.socket,
             front = HttpFrontEnd(core, caller, **settings)
         state["front"] = front
         server = await await_task(loop, loop.create_server(front.protocol_factory, sock=sock))
-        nursery.start_soon(_stop_on_signal, nursery, server)
+        servers = [server]
+        if s3 is not None:
+            servers.append(await await_task(loop, s3.start(loop, front)))
+        nursery.start_soon(_stop_on_signal, nursery, servers)
         # The server answers once a request from another thread comes back through our loop.
         await trio.to_thread.run_sync(_answers, _probe_address(sock), token)
         on_ready(url)
@@ -154,12 +171,13 @@ def _answers(address: tuple[str, int], token: str | None) -> None:
         conn.close()
 
 
-async def _stop_on_signal(nursery: trio.Nursery, server: asyncio.AbstractServer) -> None:
+async def _stop_on_signal(nursery: trio.Nursery, servers: list[asyncio.AbstractServer]) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("received %s, stopping", signal.Signals(signum).name)
             sd_notify("STOPPING=1")
-            server.close()  # no new connections; open ones end with the loop
+            for server in servers:
+                server.close()  # no new connections; open ones end with the loop
             nursery.cancel_scope.cancel()
             return
 
