@@ -348,3 +348,23 @@ def test_catalogue_sets_are_buckets_for_the_aws_cli_rclone_and_gdal(serve, datas
     )
     assert out.returncode == 0, out.stderr
     np.testing.assert_array_equal(np.fromfile(dest, "<f4").reshape(20, 30), temp[1])
+
+
+def test_zarr_3_through_obstore_s3store_equals_the_original(serve, datasets):
+    import obstore
+    import zarr
+    from obstore.store import S3Store
+
+    s, endpoint = s3_serve(serve, datasets.refs["nc4_local"], "decode", "s3_bucket=nc4")
+    store = S3Store("nc4", endpoint=endpoint, region="us-east-1", skip_signature=True,
+                    client_options={"allow_http": True})
+    listed = obstore.list_with_delimiter(store, "temp")
+    assert "temp/.zarray" in [o["path"] for o in listed["objects"]]
+    assert obstore.head(store, "temp/.zarray")["e_tag"] == s.request("HEAD", "/temp/.zarray").headers["etag"]
+    every = [o["path"] for batch in obstore.list(store, chunk_size=7) for o in batch]
+    assert every == sorted(every) and "temp/.zarray" in every and ".zmetadata" in every
+    group = zarr.open_group(zarr.storage.ObjectStore(store, read_only=True), mode="r", zarr_format=2)
+    with netCDF4.Dataset(datasets.nc4) as f:
+        f.set_auto_maskandscale(False)
+        np.testing.assert_array_equal(group["temp"][:], f["temp"][:])
+        np.testing.assert_array_equal(group["precise"][:], f["precise"][:])
