@@ -28,7 +28,7 @@ from aiohttp.web_request import BaseRequest
 
 from refmount.base.errors import FetchError, ReadError
 from refmount.base.triocall import TrioGone
-from refmount.http.cors import cors_headers
+from refmount.http.cors import cors_headers, preflight_headers
 from refmount.http.fileinfo import file_info, zmetadata_info
 from refmount.http.frontend import HttpFrontEnd, _BadPath, _split_path
 from refmount.http.pathplan import NeedsTrio, Plan, Unavailable
@@ -123,13 +123,26 @@ class S3Dialect:
             response = self._error(
                 request, headers, S3Error(503, "ServiceUnavailable", "the server is stopping")
             )
-        if request.method not in ("GET", "HEAD") or request.body_exists:
+        if request.method not in ("GET", "HEAD", "OPTIONS") or request.body_exists:
             response.force_close()  # its body, never read, must not be taken for the next request
         front.stats.count(response.status)
         return response
 
     async def _answer(self, request: BaseRequest, headers: dict[str, str]) -> web.StreamResponse:
         raw = request.rel_url.raw_path
+        cors = self.front.cors
+        if request.method == "OPTIONS" and cors and "Access-Control-Request-Method" in request.headers:
+            # a browser's preflight (never signed): as the HTTP view answers it
+            get = request.headers.get
+            headers.update(
+                preflight_headers(
+                    cors,
+                    get("Origin"),
+                    get("Access-Control-Request-Method"),
+                    get("Access-Control-Request-Headers"),
+                )
+            )
+            return web.Response(status=204, headers=headers)
         query = query_pairs(request.rel_url.raw_query_string)
         if self.checker is not None:
             self.checker.check(request.method, raw, query, {k.lower(): v for k, v in request.headers.items()})

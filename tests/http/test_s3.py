@@ -356,8 +356,9 @@ def test_zarr_3_through_obstore_s3store_equals_the_original(serve, datasets):
     from obstore.store import S3Store
 
     s, endpoint = s3_serve(serve, datasets.refs["nc4_local"], "decode", "s3_bucket=nc4")
-    store = S3Store("nc4", endpoint=endpoint, region="us-east-1", skip_signature=True,
-                    client_options={"allow_http": True})
+    store = S3Store(
+        "nc4", endpoint=endpoint, region="us-east-1", skip_signature=True, client_options={"allow_http": True}
+    )
     listed = obstore.list_with_delimiter(store, "temp")
     assert "temp/.zarray" in [o["path"] for o in listed["objects"]]
     assert obstore.head(store, "temp/.zarray")["e_tag"] == s.request("HEAD", "/temp/.zarray").headers["etag"]
@@ -368,3 +369,39 @@ def test_zarr_3_through_obstore_s3store_equals_the_original(serve, datasets):
         f.set_auto_maskandscale(False)
         np.testing.assert_array_equal(group["temp"][:], f["temp"][:])
         np.testing.assert_array_equal(group["precise"][:], f["precise"][:])
+
+
+def test_a_reloaded_set_is_a_bucket_with_cors_and_bounded_queries(serve, keyset):
+    s, endpoint = s3_serve(serve, keyset, "reload=300", "cors=*", "s3_bucket=refs")
+    s3 = client(endpoint)
+    assert s3.get_object(Bucket="refs", Key="dir/three")["Body"].read() == b"3"
+    assert [
+        c["Prefix"] for c in s3.list_objects_v2(Bucket="refs", Delimiter="/").get("CommonPrefixes", [])
+    ] == ["dir/", "many/"]
+    r = urllib.request.urlopen(
+        urllib.request.Request(f"{endpoint}/refs/big", headers={"Origin": "http://x.example"})
+    )
+    assert r.headers["Access-Control-Allow-Origin"] == "*"
+    pre = urllib.request.Request(
+        f"{endpoint}/refs/big",
+        method="OPTIONS",
+        headers={
+            "Origin": "http://x.example",
+            "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Headers": "range",
+        },
+    )
+    r = urllib.request.urlopen(pre)
+    assert r.status == 204 and "GET" in r.headers["Access-Control-Allow-Methods"]
+    for query, code in (
+        ("&".join(f"p{i}=1" for i in range(70)), "InvalidArgument"),
+        ("list-type=2&max-keys=x", "InvalidArgument"),
+        ("list-type=2&prefix=" + "a" * 1100, "InvalidArgument"),
+        ("list-type=2&encoding-type=xml", "InvalidArgument"),
+        ("uploads", "NotImplemented"),
+        ("acl", "NotImplemented"),
+    ):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{endpoint}/refs?{query}")
+        assert f"<Code>{code}</Code>" in e.value.read().decode(), query
+    assert s.stats()["http_status"].get("500") is None
