@@ -12,11 +12,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench import catalog, icechunk, inline, latency, parse, reads, scale, serve, verify, workers
+from bench import catalog, icechunk, inline, latency, parse, reads, s3, scale, serve, verify, workers
 from bench.harness import PY, REPO
 from bench.report import Table, write_json
 
-MODULES: list[ModuleType] = [reads, latency, scale, inline, parse, serve, catalog, verify, workers, icechunk]
+MODULES: list[ModuleType] = [reads, latency, scale, inline, parse, serve, catalog, verify, workers, icechunk,
+                             s3]
 GROUPS = {"reads": list(reads.WORKLOADS)}  # the read-path table: bench run --workloads reads
 
 

@@ -159,9 +159,9 @@ class S3Dialect:
         if not first:
             if request.method == "HEAD":
                 raise S3Error(501, "NotImplemented", "HEAD of the service is not implemented")
-            return self._list_buckets(headers)
+            return await self._list_buckets(request, headers)
         bucket = urllib.parse.unquote(first, errors="surrogateescape")
-        if bucket not in self._names():
+        if not self._exists(bucket):
             raise S3Error(404, "NoSuchBucket", "the specified bucket does not exist", BucketName=bucket)
         async with _Held(self, bucket) as front:
             if not rest:
@@ -175,10 +175,19 @@ class S3Dialect:
             return router.sets.names()
         return [self.bucket]
 
-    def _list_buckets(self, headers: dict[str, str]) -> web.Response:
+    def _exists(self, bucket: str) -> bool:
+        router = self.front.router
+        if router is not None and not router.single:
+            return router.sets.slot(bucket) is not None
+        return bucket == self.bucket
+
+    async def _list_buckets(self, request: BaseRequest, headers: dict[str, str]) -> web.StreamResponse:
         created = self.front._mtime
-        body = b"".join(iter_list_buckets(Bucket(name, created) for name in self._names()))
-        return self._xml(200, headers, body)
+        headers["Content-Type"] = "application/xml"
+        headers["Cache-Control"] = "no-cache"  # a catalogue's sets come and go
+        return await self._stream(
+            request, headers, iter_list_buckets(Bucket(n, created) for n in self._names())
+        )
 
     async def _bucket(
         self,

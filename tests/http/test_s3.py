@@ -177,6 +177,37 @@ def test_signed_access_and_every_refusal(serve, keyset, tmp_path):
         "dir/sub/one",
         "dir/sub/two",
     ]
+    # other signers: obstore (Rust's object_store) and rclone (the Go SDK, V1 listings with markers)
+    import obstore
+    from obstore.store import S3Store
+
+    store = S3Store(
+        "refs",
+        endpoint=endpoint,
+        region="us-east-1",
+        access_key_id="AKIDREFMOUNT",
+        secret_access_key=SECRET,
+        client_options={"allow_http": True},
+    )
+    assert [o["path"] for b in obstore.list(store, "many/", chunk_size=4) for o in b] == [
+        f"many/k{i:03d}" for i in range(25)
+    ]
+    assert bytes(obstore.get(store, "sp ace+plus.txt").bytes()) == b"plus"
+    rclone_env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    rclone_env["RCLONE_CONFIG"] = "/dev/null"
+    remote = (
+        f":s3,provider=Other,endpoint='{endpoint}',list_version=1,list_chunk=4,force_path_style=true,"
+        f"env_auth=false,access_key_id=AKIDREFMOUNT,secret_access_key='{SECRET}':refs"
+    )
+    out = subprocess.run(
+        [shutil.which("rclone") or "rclone", "lsf", "-R", "--files-only", remote],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=rclone_env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.split("\n")[:-1]) == sorted([*json.loads(keyset.read_text()), ".zmetadata"])
     url = good.generate_presigned_url(
         "get_object", Params={"Bucket": "refs", "Key": "a&b<c>.txt"}, ExpiresIn=60
     )
