@@ -148,7 +148,7 @@ def propfind_root(
     if _depth(request) == "1":
         parts += [
             multistatus_entry(
-                _href(n.encode("utf-8", "surrogateescape")) + "/", n, True, None, modified, None
+                "/" + _href(n.encode("utf-8", "surrogateescape")) + "/", n, True, None, modified, None
             )
             for n in names
         ]

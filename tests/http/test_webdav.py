@@ -111,3 +111,23 @@ def test_rclone_webdav_and_obstore_http_store_list_and_read(serve, keyset, datas
     big = next(o for o in top["objects"] if o["path"] == "big")
     assert big["size"] == 5000 and big["e_tag"] == head.headers["etag"]
     assert bytes(obstore.get_range(store, "big", start=0, end=100)) == datasets.blob.read_bytes()[10:110]
+
+
+def test_a_catalogues_root_lists_its_sets_and_each_set_its_keys(serve, keyset, tmp_path):
+    cat = tmp_path / "cat"
+    cat.mkdir()
+    (cat / "one.json").write_text(keyset.read_text())
+    (cat / "two.json").write_text('{"x": "1"}')
+    s = serve(cat, "catalog", f"allow_local={cat}:{keyset.parent}")
+    got = props(s.request("PROPFIND", "/", {"Depth": "1"}).body)
+    assert set(got) == {"/", "/one/", "/two/"} and all(p["dir"] for p in got.values())
+    assert set(props(s.request("PROPFIND", "/two/", {"Depth": "1"}).body)) == {
+        "/two/",
+        "/two/x",
+        "/two/.zmetadata",
+    }
+    assert (
+        props(s.request("PROPFIND", "/one/big", {"Depth": "0"}).body)["/one/big"]["getcontentlength"]
+        == "5000"
+    )
+    assert s.request("PROPFIND", "/", {"Depth": "infinity"}).status == 403
