@@ -124,7 +124,9 @@ class S3Dialect:
                 request, headers, S3Error(503, "ServiceUnavailable", "the server is stopping")
             )
         if request.method not in ("GET", "HEAD", "OPTIONS") or request.body_exists:
-            response.force_close()  # its body, never read, must not be taken for the next request
+            # its body is never read (a client expecting 100-continue never sends it): not kept alive,
+            # or what it sends next would be taken for that body
+            response.force_close()
         front.stats.count(response.status)
         return response
 

@@ -70,8 +70,11 @@ def iso_time(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(t))
 
 
+_SPECIAL = re.compile("[&<>\"'\r]")
+
+
 def _text(value: str) -> str:
-    return escape(value, _ENTITIES)
+    return escape(value, _ENTITIES) if _SPECIAL.search(value) else value
 
 
 def _name(raw: bytes, url: bool) -> str:
