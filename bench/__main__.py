@@ -21,6 +21,7 @@ from bench import (
     nativechunks,
     parse,
     reads,
+    s3,
     scale,
     serve,
     verify,
@@ -30,7 +31,7 @@ from bench.harness import PY, REPO
 from bench.report import Table, write_json
 
 MODULES: list[ModuleType] = [reads, latency, scale, inline, parse, serve, catalog, verify, workers, icechunk,
-                             metrics, nativechunks]
+                             metrics, nativechunks, s3]
 GROUPS = {"reads": list(reads.WORKLOADS)}  # the read-path table: bench run --workloads reads
 
 

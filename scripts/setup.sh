@@ -54,9 +54,10 @@ if [ "$PROFILE" = test ]; then
     # chromium: a real browser for the HTTP front end's CORS tests (headless);
     # python3-seccomp: tests run the unit's commands under its SystemCallFilter= (no systemd here);
     # flatbuffers-compiler (flatc): scripts/gen_icechunk_flatbuffers.sh, checked by the unit tests;
-    # prometheus (prometheus, promtool): scrapes a mount and a server in tests, checks expositions.
+    # prometheus (prometheus, promtool): scrapes a mount and a server in tests, checks expositions;
+    # rclone: an S3 client (ListObjects V1) of serve's S3 dialect in tests.
     PKGS+=(nginx-light attr curl psmisc systemd gdal-bin cdo nco chromium python3-seccomp
-           flatbuffers-compiler prometheus)
+           flatbuffers-compiler prometheus rclone)
 fi
 if [ "$BENCH" -eq 1 ]; then
     # wrk (GET) and apache2-utils' ab (HEAD: wrk waits for a HEAD answer's body): the serve workload

@@ -155,6 +155,9 @@ def _serve_parser() -> argparse.ArgumentParser:
                    "the command line, where every user sees them)")
     p.add_argument("--listen", metavar="HOST:PORT", default=None,
                    help="address to listen on (default 127.0.0.1:8080; port 0: any free port)")
+    p.add_argument("--s3-listen", metavar="[HOST:]PORT", default=None,
+                   help="also serve the set (a catalogue's sets) as S3 buckets, read-only, path-style, "
+                   "on this address (HOST defaults to 127.0.0.1)")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT...]",
                    help="options, see below")
     p.add_argument("-f", "--foreground", action="store_true",
@@ -182,6 +185,9 @@ def serve_config(args: argparse.Namespace,
     apply_command_options(cfg, options + [o for group in args.options for o in split_options(group)])
     if args.listen is not None:
         apply_options(cfg, [f"listen={args.listen}"])
+    if getattr(args, "s3_listen", None) is not None:
+        s3 = args.s3_listen if ":" in args.s3_listen else f"127.0.0.1:{args.s3_listen}"
+        apply_options(cfg, [f"s3_listen={s3}"])
     _foreground_flags(cfg, args)
     return cfg
 

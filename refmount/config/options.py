@@ -221,6 +221,25 @@ OPTIONS: tuple[Option, ...] = (
     Option("client_timeout", Seconds(), 60.0,
            "refmount serve: a client that reads nothing of its response (or sends nothing "
            "on an idle connection) for this long is disconnected"),
+    # the S3 dialect of refmount serve (http/s3dialect.py)
+    Option("s3_listen", Listen(pytype="str | None"), None,
+           "refmount serve: also answer S3 requests (path-style, read-only) on HOST:PORT "
+           "(--s3-listen)", shown_default="off"),
+    Option("s3_bucket", Text(metavar="NAME"), None,
+           "refmount serve with s3_listen: the bucket name of a set served alone",
+           shown_default="SOURCE's last component"),
+    Option("s3_region", Text(metavar="REGION", pytype="str"), "us-east-1",
+           "refmount serve with s3_listen: the region the buckets say they are in (and SigV4 "
+           "scopes name)"),
+    Option("s3_access_key", Text(metavar="KEY_ID"), None,
+           "refmount serve with s3_listen: accept only requests signed (AWS SigV4) with this "
+           "access key id and s3_secret_key", shown_default="anonymous"),
+    Option("s3_secret_key", TokenFile(), None,
+           "refmount serve with s3_listen: the secret access key of s3_access_key, read from "
+           "FILE", shown_default="none"),
+    Option("s3_max_skew", Seconds(), 900.0,
+           "refmount serve with s3_listen: most seconds a signed request's time may differ "
+           "from the server's"),
 )
 
 OPTIONS_BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -30,6 +30,7 @@ from refmount.base.triocall import TrioCaller
 from refmount.config import MountConfig, describe_options, read_token, split_listen
 from refmount.core.setcore import SetCore, build_core
 from refmount.http.frontend import HttpFrontEnd
+from refmount.http.s3listener import S3Listener, s3_checker
 from refmount.http.sets import SetsRouter
 from refmount.refs import IndexFile
 from refmount.serving.readiness import run_detached, sd_notify
@@ -82,19 +83,28 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[str], Non
         raise MountError(str(e)) from None
     if token:
         redact_in_logs(token)  # a malformed request quoting it: aiohttp logs it as it came
+    checker = s3_checker(cfg, token)
     sock = bind(cfg.listen)
-    metrics_sock = None
+    s3sock = metrics_sock = None
     try:
+        s3sock = bind(cfg.s3_listen) if cfg.s3_listen else None
         if cfg.metrics:
             from refmount.serving.metrics import bind as bind_metrics
 
             metrics_sock = bind_metrics(cfg.metrics)
+    except BaseException:
+        sock.close()
+        if s3sock is not None:
+            s3sock.close()
+        raise
+    try:
         core: SetCore | SetMount = (build_sets(cfg, index_file) if serves_sets(cfg)
                                     else build_core(cfg, index_file))
     except BaseException:
         sock.close()
-        if metrics_sock is not None:
-            metrics_sock.close()
+        for extra in (s3sock, metrics_sock):
+            if extra is not None:
+                extra.close()
         raise
     url = base_url(sock)
     if not is_loopback(sock):
@@ -103,21 +113,25 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[str], Non
     summary = core.summary if isinstance(core, SetMount) else f"{core.info['keys']} keys"
     log.info("serving %s at %s: %s (options: %s)", redact_url(cfg.source), url, summary,
              describe_options(cfg))
+    s3 = S3Listener(s3sock, cfg, checker) if s3sock is not None else None
     state: dict[str, HttpFrontEnd] = {}
 
     async def before_close() -> None:
         front = state.get("front")
         if front is not None:
             await front.shutdown(timeout=1.0)
+        if s3 is not None:
+            await s3.shutdown()
         await core.aclose()
 
     try:
-        guestloop.run(_main, cfg, core, sock, token, url, on_ready, trim, state, metrics_sock,
+        guestloop.run(_main, cfg, core, sock, token, url, on_ready, trim, state, s3, metrics_sock,
                       on_loop=core.bind_loop, before_close=before_close)
     finally:
         sock.close()
-        if metrics_sock is not None:
-            metrics_sock.close()
+        for extra in (s3sock, metrics_sock):
+            if extra is not None:
+                extra.close()
         core.close(timeout=5.0)
         front = state.get("front")
         counters = front.counters() if front is not None else core.stats.as_dict()
@@ -129,7 +143,8 @@ def serve(cfg: MountConfig, index_file: IndexFile, on_ready: Callable[[str], Non
 
 async def _main(cfg: MountConfig, core: SetCore | SetMount, sock: socket.socket, token: str | None, url: str,
                 on_ready: Callable[[str], None], trim: Callable[[int], int] | None,
-                state: dict[str, HttpFrontEnd], metrics_sock: socket.socket | None) -> None:
+                state: dict[str, HttpFrontEnd], s3: S3Listener | None,
+                metrics_sock: socket.socket | None) -> None:
     loop = asyncio.get_running_loop()
     async with trio.open_nursery() as nursery:
         core.start(nursery, trim)
@@ -146,7 +161,10 @@ async def _main(cfg: MountConfig, core: SetCore | SetMount, sock: socket.socket,
             front = HttpFrontEnd(core, caller, **settings)
         state["front"] = front
         server = await await_task(loop, loop.create_server(front.protocol_factory, sock=sock))
-        nursery.start_soon(_stop_on_signal, nursery, server)
+        servers = [server]
+        if s3 is not None:
+            servers.append(await await_task(loop, s3.start(loop, front)))
+        nursery.start_soon(_stop_on_signal, nursery, servers)
         if metrics_sock is not None:  # -o metrics: also on a listener of its own
             from refmount.serving.metrics import MetricsCollector, MetricsListener
 
@@ -167,12 +185,13 @@ def _answers(address: tuple[str, int], token: str | None) -> None:
         conn.close()
 
 
-async def _stop_on_signal(nursery: trio.Nursery, server: asyncio.AbstractServer) -> None:
+async def _stop_on_signal(nursery: trio.Nursery, servers: list[asyncio.AbstractServer]) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("received %s, stopping", signal.Signals(signum).name)
             sd_notify("STOPPING=1")
-            server.close()  # no new connections; open ones end with the loop
+            for server in servers:
+                server.close()  # no new connections; open ones end with the loop
             nursery.cancel_scope.cancel()
             return
 

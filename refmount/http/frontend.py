@@ -45,7 +45,7 @@ from refmount.base.errors import FetchError, ReadError
 from refmount.base.latency import Latency
 from refmount.base.triocall import TrioCaller, TrioGone
 from refmount.core.setcore import SetCore
-from refmount.http import listing
+from refmount.http import listing, webdav
 from refmount.http.cors import cors_headers, preflight_headers
 from refmount.http.pathplan import (
     READ_PIECE,
@@ -76,7 +76,7 @@ METRICS_PATH = "/.refmount/metrics"  # the same for Prometheus (serving/metrics.
 # what the counters say of the set served (its core's info): an Icechunk repository's revision too
 INFO_IN_STATS = ("source", "format", "keys", "repository", "format_version", "revision", "snapshot",
                  "snapshot_time")
-ALLOWED = "GET, HEAD, OPTIONS"
+ALLOWED = "GET, HEAD, OPTIONS, PROPFIND"
 UNAVAILABLE = "not served: what it would be made from is past the bounds of the server (see its log)"
 
 
@@ -187,8 +187,9 @@ class HttpFrontEnd(PathPlanner):
                     request.headers.get("Access-Control-Request-Method"),
                     request.headers.get("Access-Control-Request-Headers")))
             headers["Allow"] = ALLOWED
+            headers.update(webdav.DAV_HEADERS)
             return web.Response(status=204, headers=headers)
-        if method not in ("GET", "HEAD"):
+        if method not in ("GET", "HEAD", "PROPFIND"):
             headers["Allow"] = ALLOWED
             return self._plain(405, headers, f"{method} is not allowed: the tree is read-only")
         if self.token is not None and not self._authorized(request.headers.get("Authorization")):
@@ -210,6 +211,8 @@ class HttpFrontEnd(PathPlanner):
         parts = path_names(raw)
         if parts is None:
             return self._plain(404, headers, "no such key")
+        if request.method == "PROPFIND":  # a WebDAV listing (http/webdav.py)
+            return await webdav.propfind(self, request, headers, parts, prefix)
         conditions = {name: request.headers.get(name) for name in CONDITION_HEADERS}
         try:
             return await self._answer_parts(request, headers, raw, parts, conditions, prefix)

@@ -16,7 +16,7 @@ from aiohttp.web_request import BaseRequest
 
 from refmount.base.stats import Stats
 from refmount.base.triocall import TrioCaller
-from refmount.http import listing
+from refmount.http import listing, webdav
 from refmount.http.frontend import INFO_IN_STATS, HttpFrontEnd
 from refmount.sets.opensets import Sets
 from refmount.sets.setslots import SetEvents, SetUnavailable, SetVersion
@@ -68,6 +68,8 @@ class SetsRouter(SetEvents):
             name, rest, prefix = "", raw, ""
         else:
             if raw == "/":
+                if request.method == "PROPFIND":
+                    return webdav.propfind_root(front, request, headers, self.sets.names())
                 return self._root(front, request, headers)
             first, slash, rest = raw[1:].partition("/")
             name = urllib.parse.unquote(first, errors="surrogateescape")
