@@ -1,4 +1,4 @@
-"""Hostile redirects (issue 52, defect 3): a target under a ``targets=`` rule whose server
+"""Hostile redirects: a target under a ``targets=`` rule whose server
 answers ``3xx`` elsewhere. Two fault-injecting servers on loopback record every request: the
 first holds the targets under a rule with credentials, the second is another host. A redirect
 is a new target: followed only under a rule, then with that rule's options (never the first

@@ -1,4 +1,4 @@
-"""What the HTTP front end does with what zarr, xarray and icechunk users send it (issue 53),
+"""What the HTTP front end does with what zarr, xarray and icechunk users send it,
 through ``HttpFrontEnd.handle`` over a real core, without a listening server: empty path
 components merged as nginx merges them, a defect answered ``500`` with its CORS headers and
 counted, and an Icechunk repository's own chunks read whatever ``allow_local`` names."""
