@@ -146,7 +146,7 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> Mount:
         mtime_ns=core.mtime_ns,
         info=core.info,
         decoder=core.decoder,
-        no_open=choose_no_open(pyfuse3),
+        no_open=cfg.no_open and choose_no_open(pyfuse3),
     )
     return Mount(core, fs)
 

@@ -5,8 +5,9 @@ mount, keeps each file's page cache across opens by itself, and sends its ``READ
 file handle 0. Stock pyfuse3 then hands ``Operations.read`` that 0 and not the inode, so the
 daemon could not tell which file is read; refmount's patch of pyfuse3
 (``patches/pyfuse3-noopen.patch``, applied by ``scripts/setup.sh``) passes the request's
-inode instead and marks the module with ``REFMOUNT_READ_INODE``. Without the marker the
-mount opens files as before (one log line says so).
+inode instead and marks the module with ``REFMOUNT_READ_INODE``. A mount with ``-o no_open``
+checks the marker at start; without it the mount opens files as before (one log line says
+so).
 
 ``REFMOUNT_PYFUSE3_STOCK=1`` in the daemon's environment makes it behave as with a stock
 pyfuse3 (what the tests of that path use).

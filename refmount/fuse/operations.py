@@ -195,7 +195,8 @@ class RefFS(pyfuse3.Operations):
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
         self.stats.lookups += 1
-        began = trio.current_time()
+        debug = log.isEnabledFor(logging.DEBUG)
+        began = trio.current_time() if debug else 0.0
         parent = self._node(parent_inode)
         node = await self.tree.lookup(parent, name)
         if node is None:
@@ -203,9 +204,11 @@ class RefFS(pyfuse3.Operations):
             miss.st_ino = 0  # a negative entry the kernel may cache: the set never changes
             miss.entry_timeout = self.timeout
             return miss
+        if self.no_open and not node.is_dir:
+            await self._settle_at_lookup(node)
         attr = await self._node_attr(node)
         attr.st_ino = self.inodes.reply(node.ino)  # the kernel holds one more reference
-        if log.isEnabledFor(logging.DEBUG):  # bench/diagnostics/inflight.py
+        if debug:  # bench/diagnostics/inflight.py
             log.debug("lookup ino %d: began %.6f, took %.6f s", node.ino, began, trio.current_time() - began)
         return attr
 
@@ -236,6 +239,8 @@ class RefFS(pyfuse3.Operations):
         # readdir_reply copies the attributes into the reply, so one object per kind is
         # reused and only the per-entry fields change: this loop runs for every entry.
         file_attr, dir_attr = self._attr(0, False, 0), self._attr(0, True, 0)
+        if self.no_open:  # a file is looked up before it is read: settled there (_settle_at_lookup)
+            file_attr.entry_timeout = file_attr.attr_timeout = 0
         clipped = self._clipped
         async with aclosing(self.tree.entries(node, max(start_id - 2, 0))) as entries:
             async for name, ino, is_dir, next_id, size in entries:
@@ -345,6 +350,22 @@ class RefFS(pyfuse3.Operations):
         h = _Handle(node, ref, self._read_state(), array, key)
         self._by_inode.put(inode, h)
         return h
+
+    async def _settle_at_lookup(self, node: Node) -> None:
+        """With no_open, where ``open`` settles a range (``_settle``): before the kernel knows
+        the file, so that no READ of it can be sent while it holds the stated length. Listed
+        files are given to the kernel with no timeouts, so that their next use looks them up
+        here. A range that cannot be read now still looks up; its READs fail (EIO)."""
+        if node.ino in self._clipped or (self._arrays is not None and self._arrays.array(node) is not None):
+            return
+        ref = await self.tree.ref(node)
+        if ref.kind is not RefKind.RANGE:
+            return
+        try:
+            await self.reader.settle(ref)
+        except ReadError:  # counted and logged when its READ fails
+            return
+        self._record_clip(node, ref)
 
     async def _settle(self, node: Node, ref: Ref, inode: int) -> None:
         """Whether a range runs past the end of its target, found out at open, before the
