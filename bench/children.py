@@ -69,7 +69,8 @@ def _sample_ids(n: int, k: int = 16) -> set[int]:
 
 
 def child_files(spec: dict[str, Any]) -> None:
-    """Plain ``open().read()`` of DIR/PREFIX{i} for i < n with ``threads`` threads."""
+    """Unbuffered ``open().read()`` of DIR/PREFIX{i} for i < n with ``threads`` threads (no
+    buffer: Python then does not ask ``isatty``, a request to the daemon at each open)."""
     base = spec["dir"]
     prefix = spec["prefix"]
     length = spec["length"]
@@ -78,7 +79,7 @@ def child_files(spec: dict[str, Any]) -> None:
     kept: dict[int, bytes] = {}
 
     def read_one(i: int) -> int:
-        with open(os.path.join(base, f"{prefix}{i}"), "rb") as f:
+        with open(os.path.join(base, f"{prefix}{i}"), "rb", buffering=0) as f:
             data = f.read()
         if i in sample:
             kept[i] = data

@@ -3,7 +3,8 @@
 #   - system packages (FUSE 3, build deps for pyfuse3, the clients the tests read with) via apt,
 #     only when some are missing;
 #   - a virtualenv at .venv;
-#   - `pip install -e '.[test]'`, skipped when pyproject.toml is unchanged since the last run.
+#   - `pip install -e '.[test]'`, skipped when pyproject.toml is unchanged since the last run;
+#   - pyfuse3 rebuilt from its sdist with patches/pyfuse3-noopen.patch (skipped when built).
 #
 # Usage: scripts/setup.sh [--demo | --bench]
 #   --demo   only what scripts/demo.sh uses: FUSE 3, ncdump and '.[demo]' (netCDF4, h5py,
@@ -94,6 +95,36 @@ else
     say "pip install -e '.[$PROFILE]'"
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$PROFILE]"
     printf '%s\n' "$hash $PROFILE" >"$STAMP"
+fi
+
+# pyfuse3 built from its sdist with patches/pyfuse3-noopen.patch (read() gets the inode when the
+# file handle is 0: what the daemon's no_open needs, fuse/noopen.py). Pinned: the patch is made
+# for this version, which pyproject.toml pins too. The stamp holds the version and the patch's
+# hash, so a changed patch is built again; a pyfuse3 without the patch's marker is replaced.
+PYFUSE3_VERSION=3.5.0
+PYFUSE3_PATCH=patches/pyfuse3-noopen.patch
+PYFUSE3_STAMP=.venv/.refmount-pyfuse3-stamp
+pyfuse3_want="$PYFUSE3_VERSION $(sha256sum "$PYFUSE3_PATCH" | cut -d' ' -f1)"
+if [ -f "$PYFUSE3_STAMP" ] && [ "$(cat "$PYFUSE3_STAMP")" = "$pyfuse3_want" ] &&
+    .venv/bin/python -c 'import pyfuse3, sys; sys.exit(not getattr(pyfuse3, "REFMOUNT_READ_INODE", False))' \
+        2>/dev/null; then
+    say "pyfuse3 $PYFUSE3_VERSION with $PYFUSE3_PATCH present"
+else
+    say "building pyfuse3 $PYFUSE3_VERSION with $PYFUSE3_PATCH"
+    build="$(mktemp -d)"
+    trap 'rm -rf "$build"' EXIT
+    .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --no-binary pyfuse3 \
+        -d "$build" "pyfuse3==$PYFUSE3_VERSION"
+    tar -xzf "$build/pyfuse3-$PYFUSE3_VERSION.tar.gz" -C "$build"
+    patch -s -p1 -d "$build/pyfuse3-$PYFUSE3_VERSION" <"$PYFUSE3_PATCH"
+    # Cython (a build requirement) compiles the patched .pyx, not the sdist's generated C
+    rm -f "$build/pyfuse3-$PYFUSE3_VERSION/src/pyfuse3/__init__.c"
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --force-reinstall \
+        --no-cache-dir "$build/pyfuse3-$PYFUSE3_VERSION"
+    .venv/bin/python -c 'import pyfuse3; assert pyfuse3.REFMOUNT_READ_INODE'
+    printf '%s\n' "$pyfuse3_want" >"$PYFUSE3_STAMP"
+    rm -rf "$build"
+    trap - EXIT
 fi
 
 if [ "$BENCH" -eq 1 ]; then

@@ -106,6 +106,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("no_page_push", Flag(False), True,
            "do not store chunks read ahead in the kernel's page cache when they are opened "
            "(each then costs a READ round trip)", field="page_push"),
+    Option("no_open", Flag(), False,
+           "answer the kernel's first OPEN with ENOSYS: no OPEN or RELEASE request per file after "
+           "(a warm file read with os.read costs no request), ranges settled at lookup; needs "
+           "pyfuse3 built with patches/pyfuse3-noopen.patch (scripts/setup.sh), else files are "
+           "opened; not under a catalogue"),
     Option("decode", Flag(), False,
            "serve every zarr chunk decoded (compressor and filters applied, little-endian) and "
            "each array as netCDF-C's own zarr writer shows it (char, chunks cut to the shape, "

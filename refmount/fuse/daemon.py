@@ -28,6 +28,7 @@ from refmount.config import MountConfig, describe_options
 from refmount.fuse.catalogops import CatalogFS
 from refmount.fuse.mountfailure import captured_stderr, explain
 from refmount.fuse.mountpoint import check_mountpoint
+from refmount.fuse.noopen import choose_no_open
 from refmount.fuse.operations import RefFS
 from refmount.fuse.pagepush import PagePusher
 from refmount.fuse.requestwait import install as quick_request_wait
@@ -146,6 +147,7 @@ def build_filesystem(cfg: MountConfig, index_file: IndexFile) -> Mount:
         mtime_ns=core.mtime_ns,
         info=core.info,
         decoder=core.decoder,
+        no_open=cfg.no_open and choose_no_open(pyfuse3),
     )
     return Mount(core, fs)
 

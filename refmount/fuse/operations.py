@@ -22,6 +22,7 @@ import pyfuse3
 import trio
 
 from refmount.base.errors import ReadError
+from refmount.base.lru import LRU
 from refmount.base.redact import redact_url
 from refmount.fuse.inodes import SameInodes, VersionInodes
 from refmount.refs import Ref, RefKind
@@ -101,6 +102,7 @@ class RefFS(pyfuse3.Operations):
         pusher: PagePusher | None = None,
         decoder: ChunkDecoder | None = None,
         inodes: VersionInodes | None = None,
+        no_open: bool = False,
     ) -> None:
         super().__init__()
         from refmount.core.reader import ReadState
@@ -130,6 +132,14 @@ class RefFS(pyfuse3.Operations):
         self._settling: dict[int, trio.Event] = {}  # inode -> the kernel is being told its size
         self._background: trio.Nursery | None = None
         self._next_fh = 1
+        # no_open (fuse/noopen.py): OPEN is answered ENOSYS, READs come with the inode as
+        # their handle; the per-file state lives here, keyed by the kernel's inode number
+        self.no_open = no_open
+        self._by_inode: LRU[int, _Handle] = LRU(self.INODE_STATES)
+        if no_open and pusher is not None:
+            pusher.enabled = False  # pushes happen at open, which no longer comes
+
+    INODE_STATES = 1 << 14  # files whose read state is kept with no_open (least recently read dropped)
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Where kernel notifications that may wait for the kernel run: the daemon's nursery."""
@@ -185,7 +195,8 @@ class RefFS(pyfuse3.Operations):
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any) -> pyfuse3.EntryAttributes:
         self.stats.lookups += 1
-        began = trio.current_time()
+        debug = log.isEnabledFor(logging.DEBUG)
+        began = trio.current_time()  # the request latency histogram's start
         parent = self._node(parent_inode)
         node = await self.tree.lookup(parent, name)
         if node is None:
@@ -193,9 +204,11 @@ class RefFS(pyfuse3.Operations):
             miss.st_ino = 0  # a negative entry the kernel may cache: the set never changes
             miss.entry_timeout = self.timeout
             return miss
+        if self.no_open and not node.is_dir:
+            await self._settle_at_lookup(node)
         attr = await self._node_attr(node)
         attr.st_ino = self.inodes.reply(node.ino)  # the kernel holds one more reference
-        if log.isEnabledFor(logging.DEBUG):  # bench/diagnostics/inflight.py
+        if debug:  # bench/diagnostics/inflight.py
             log.debug("lookup ino %d: began %.6f, took %.6f s", node.ino, began, trio.current_time() - began)
         return attr
 
@@ -226,6 +239,8 @@ class RefFS(pyfuse3.Operations):
         # readdir_reply copies the attributes into the reply, so one object per kind is
         # reused and only the per-entry fields change: this loop runs for every entry.
         file_attr, dir_attr = self._attr(0, False, 0), self._attr(0, True, 0)
+        if self.no_open:  # a file is looked up before it is read: settled there (_settle_at_lookup)
+            file_attr.entry_timeout = file_attr.attr_timeout = 0
         clipped = self._clipped
         async with aclosing(self.tree.entries(node, max(start_id - 2, 0))) as entries:
             async for name, ino, is_dir, next_id, size in entries:
@@ -250,6 +265,8 @@ class RefFS(pyfuse3.Operations):
     # ---- files --------------------------------------------------------------------------
     @_guard
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        if self.no_open:  # the kernel sends no OPEN or RELEASE after this answer
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC:
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self._node(inode)
@@ -294,11 +311,14 @@ class RefFS(pyfuse3.Operations):
 
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
-        h = self._handles.get(fh)
+        h = self._by_inode.get(fh) if self.no_open else self._handles.get(fh)
         if h is None:
-            raise pyfuse3.FUSEError(errno.EBADF)
+            if not self.no_open:
+                raise pyfuse3.FUSEError(errno.EBADF)
+            h = await self._inode_handle(fh)
         self.stats.reads += 1
-        began = trio.current_time()
+        debug = log.isEnabledFor(logging.DEBUG)
+        began = trio.current_time()  # the request latency histogram's start
         try:
             if h.array is not None:
                 assert self.decoder is not None
@@ -311,12 +331,42 @@ class RefFS(pyfuse3.Operations):
             self._clip(h.node, h.ref)
         self.stats.bytes_read += len(data)
         self.stats.request_latency.observe(trio.current_time() - began)
-        if self.pusher is not None:
+        if self.pusher is not None and self.pusher.enabled:
             self.pusher.given(self.inodes.outer(h.node.ino))
-        if log.isEnabledFor(logging.DEBUG):
+        if debug:
             log.debug("read ino %d bytes %d-%d: began %.6f, took %.6f s", h.node.ino, off, off + size,
                       began, trio.current_time() - began)
         return data
+
+    async def _inode_handle(self, inode: int) -> _Handle:
+        """With no_open: the state of the file ``inode`` (the READ's handle is its inode),
+        made at its first READ as ``open`` makes a handle's. A range running past the end of
+        its target is found by that READ (``_clip``), a target that cannot be sized fails it."""
+        node = self._node(inode)
+        if node.is_dir:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        ref = await self.tree.ref(node)
+        array = self._arrays.array(node) if self._arrays is not None else None
+        key = self.tree.path(node).decode("utf-8", "surrogateescape") if array is not None else ""
+        h = _Handle(node, ref, self._read_state(), array, key)
+        self._by_inode.put(inode, h)
+        return h
+
+    async def _settle_at_lookup(self, node: Node) -> None:
+        """With no_open, where ``open`` settles a range (``_settle``): before the kernel knows
+        the file, so that no READ of it can be sent while it holds the stated length. Listed
+        files are given to the kernel with no timeouts, so that their next use looks them up
+        here. A range that cannot be read now still looks up; its READs fail (EIO)."""
+        if node.ino in self._clipped or (self._arrays is not None and self._arrays.array(node) is not None):
+            return
+        ref = await self.tree.ref(node)
+        if ref.kind is not RefKind.RANGE:
+            return
+        try:
+            await self.reader.settle(ref)
+        except ReadError:  # counted and logged when its READ fails
+            return
+        self._record_clip(node, ref)
 
     async def _settle(self, node: Node, ref: Ref, inode: int) -> None:
         """Whether a range runs past the end of its target, found out at open, before the

@@ -42,6 +42,8 @@ async def read_key(fs: RefFS, *names: bytes) -> bytes:
     ino = pyfuse3.ROOT_INODE
     for name in names:
         ino = (await fs.lookup(ino, name, None)).st_ino
+    if fs.no_open:  # pyfuse3 with patches/pyfuse3-noopen.patch: READs come with the inode
+        return bytes(await fs.read(ino, 0, 1 << 20))
     fh = (await fs.open(ino, os.O_RDONLY, None)).fh
     try:
         return bytes(await fs.read(fh, 0, 1 << 20))

@@ -50,14 +50,31 @@ REFS = {
 }
 
 
-@pytest.fixture
-def ops(tmp_path: Path) -> RefFS:
+def _fs(tmp_path: Path, *options: str) -> RefFS:
     (tmp_path / "data.bin").write_bytes(DATA)
     source = tmp_path / "refs.json"
     source.write_text(json.dumps(REFS))
     cfg = MountConfig(source=str(source), mountpoint=str(tmp_path / "mnt"))
-    apply_options(cfg, ["no_disk_cache", "retries=0", "timeout=5"])
+    apply_options(cfg, ["no_disk_cache", "retries=0", "timeout=5", *options])
     return build_filesystem(cfg, index_source(cfg)).fs
+
+
+@pytest.fixture
+def ops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RefFS:
+    """The file system without no_open: files are opened (fuse/noopen.py)."""
+    fs = _fs(tmp_path)
+    assert not fs.no_open
+    return fs
+
+
+@pytest.fixture
+def noopen_ops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RefFS:
+    """The file system with no_open: OPEN answered ENOSYS, READs given the inode."""
+    monkeypatch.setattr(pyfuse3, "REFMOUNT_READ_INODE", True, raising=False)
+    monkeypatch.delenv("REFMOUNT_PYFUSE3_STOCK", raising=False)
+    fs = _fs(tmp_path, "no_open")
+    assert fs.no_open
+    return fs
 
 
 def run(ops: RefFS, body: Callable[[RefFS], Awaitable[Any]]) -> Any:
@@ -370,3 +387,59 @@ def test_concurrent_opens_settle_once_and_all_see_the_settled_size(
         assert ops.stats.open_files == 0
 
     run(ops, body)
+
+
+# ---- no_open: no OPEN, READs by inode ----------------------------------------------------------
+
+
+async def cat_by_inode(ops: RefFS, path: str, chunk: int = 4096) -> bytes:
+    """As the kernel reads with no_open: no OPEN, each READ's handle the file's inode."""
+    ino = (await resolve(ops, path)).st_ino
+    out = b""
+    while piece := bytes(await ops.read(ino, len(out), chunk)):
+        out += piece
+        if len(piece) < chunk:
+            break
+    return out
+
+
+def test_no_open_answers_open_enosys_and_reads_by_inode(noopen_ops: RefFS) -> None:
+    async def body(ops: RefFS) -> None:
+        ino = (await resolve(ops, "a/b/range")).st_ino
+        assert await errno_of(ops.open(ino, os.O_RDONLY, CTX)) == errno.ENOSYS
+        assert await cat_by_inode(ops, ".zgroup") == b'{"zarr_format":2}'
+        assert await cat_by_inode(ops, "a/inline") == b"hello"
+        assert await cat_by_inode(ops, "a/b/range") == DATA[100:150]
+        assert await cat_by_inode(ops, "a/b/range", chunk=7) == DATA[100:150]
+        assert await cat_by_inode(ops, "whole", chunk=1000) == DATA
+        assert bytes(await ops.read(ino, 45, 100)) == DATA[145:150]
+        assert bytes(await ops.read(ino, 1 << 40, 10)) == b""
+        assert ops.stats.opens == 0 and ops.stats.open_files == 0
+        # a directory's or an unknown inode's READ fails as its OPEN would have
+        a = (await resolve(ops, "a")).st_ino
+        assert await errno_of(ops.read(a, 0, 10)) == errno.EISDIR
+        assert await errno_of(ops.read(1 << 50, 0, 10)) == errno.ENOENT
+
+    run(noopen_ops, body)
+
+
+def test_no_open_failing_targets_fail_their_reads_only(noopen_ops: RefFS) -> None:
+    async def body(ops: RefFS) -> None:
+        for path in ("broken/range", "broken/whole"):
+            ino = (await resolve(ops, path)).st_ino
+            assert await errno_of(ops.read(ino, 0, 10)) == errno.EIO, path
+            assert await errno_of(ops.read(ino, 0, 10)) == errno.EIO, path
+        assert await cat_by_inode(ops, "a/b/range") == DATA[100:150]
+
+    run(noopen_ops, body)
+
+
+def test_no_open_range_past_the_end_is_settled_at_lookup(noopen_ops: RefFS) -> None:
+    async def body(ops: RefFS) -> None:
+        # looked up: settled before the kernel knows the file, so no READ sees the stated length
+        attr = await resolve(ops, "past_end")
+        assert attr.st_size == 240 and attr.entry_timeout > 0
+        assert (await ops.getattr(attr.st_ino, CTX)).st_size == 240
+        assert await cat_by_inode(ops, "past_end") == DATA[10_000:]
+
+    run(noopen_ops, body)
