@@ -177,9 +177,10 @@ class MetricsCollector:
                 continue
             now = writer.counters()
             disk.add(now)
+            # the child's estimate once it has written, else what the start-up scan found (0
+            # until it is done)
             estimate = now.held_bytes if now.held_bytes is not None else c.disk.scanned_bytes
-            if estimate is not None:
-                held[c.disk.directory] = max(held.get(c.disk.directory, 0), estimate)
+            held[c.disk.directory] = max(held.get(c.disk.directory, 0), estimate or 0)
         evictions = CounterMetricFamily("refmount_cache_evictions",
                                         "blocks dropped from a cache to make room", labels=["cache"])
         evictions.add_metric(["memory"], sum(c.reader.memory.evictions for c in r.cores)
