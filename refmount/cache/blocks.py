@@ -156,6 +156,11 @@ class DiskCache:
         self._marked_before_scan: list[bytes] = []  # blocks written while the scan ran
         self.corrupt = 0
         self.write_errors = 0
+        # what this object wrote and evicted (in the cache writer process: cache/writer.py
+        # hands them to the daemon), and the bytes its scan found on disk
+        self.blocks_written = self.bytes_written = 0
+        self.evictions = self.evicted_bytes = 0
+        self.scanned_bytes: int | None = None
 
     def key_digest(self, url: str, start: int, length: int) -> bytes:
         if self._target_key is not None:
@@ -211,7 +216,9 @@ class DiskCache:
 
     def scan(self) -> None:
         """Learn which blocks are on disk (blocking; run in a thread once at start)."""
-        present = self._presence_from([os.path.basename(path) for _, _, path in self.files()])
+        files = self.files()
+        self.scanned_bytes = sum(size for _, size, _ in files)
+        present = self._presence_from([os.path.basename(path) for _, _, path in files])
         with self._lock:
             if self._present is not None:  # blocks written during the scan
                 n = len(present)
@@ -347,6 +354,8 @@ class DiskCache:
                 os.close(fd)
             os.replace(tmp, path)
             self.mark(digest)
+            self.blocks_written += 1
+            self.bytes_written += size
         except OSError as e:
             self.write_errors += 1
             self._writes_off_until = now + self.RETRY_WRITES_AFTER
@@ -399,6 +408,13 @@ class DiskCache:
             if time.time() - entry.stat(follow_symlinks=False).st_mtime > self.STALE_TMP_AFTER:
                 os.unlink(entry.path)
 
+    @property
+    def held_bytes(self) -> int | None:
+        """The bytes of block files on disk as far as this object knows (None before its first
+        write): the total of the directory at its last walk, plus what it wrote since.
+        Other mounts sharing the directory write and evict too: an estimate."""
+        return self._estimate
+
     def _scan_total(self) -> int:
         return sum(size for _, size, _ in self.files())
 
@@ -409,8 +425,13 @@ class DiskCache:
         for _, size, path in files:
             if total <= target:
                 break
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(path)
+            except FileNotFoundError:  # evicted by another mount meanwhile
+                pass
+            else:
+                self.evictions += 1
+                self.evicted_bytes += size
             total -= size
         with self._lock:
             self._estimate = total

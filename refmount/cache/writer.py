@@ -7,7 +7,9 @@ serving FUSE and HTTP, and that contention cost more CPU than the writes themsel
 into a ring of shared memory and sends a 48-byte note down a pipe; a child process
 (``python -m refmount.cache.writer``) writes the block file from the ring — with direct
 I/O, straight from the shared pages — and advances a counter in the ring's first page
-that tells the daemon how much space is free again.
+that tells the daemon how much space is free again. Beside it, the child keeps what it
+wrote and evicted (``DiskCounters``), which the daemon reads when it is asked (the
+metrics): nothing more crosses on the read path.
 
 Writes are best effort: when the ring is full (the disk is slower than the network) a
 block is simply not cached. If the child cannot start or dies, the daemon logs one
@@ -25,6 +27,7 @@ import signal
 import struct
 import subprocess
 import sys
+from dataclasses import dataclass, fields
 from typing import IO
 
 import trio
@@ -38,7 +41,55 @@ log = logging.getLogger(__name__)
 
 _NOTE = struct.Struct("<QQ32s")  # ring position, length, key digest
 _CONSUMED = struct.Struct("<Q")  # in the ring's first page: end of the last written block
+# also in the first page, a cache line further: a sequence number (odd while the child
+# updates them), then DiskCounters' fields in order (held_bytes -1: not known yet)
+_COUNTERS_AT = 64
+_SEQ = struct.Struct("<Q")
+_COUNTERS = struct.Struct("<5Qq")
 _PAGE = 4096
+
+
+@dataclass
+class DiskCounters:
+    """What a cache writer's child did to the disk cache since it started."""
+
+    blocks_written: int = 0
+    bytes_written: int = 0  # block files' sizes, headers included
+    evictions: int = 0  # block files removed to make room
+    evicted_bytes: int = 0
+    write_errors: int = 0  # failed writes (each turns writing off for a while)
+    held_bytes: int | None = None  # block files on disk, as the child estimates them
+
+    def add(self, other: DiskCounters) -> None:
+        """Add ``other``'s counters to these (not ``held_bytes``: a size now, not a count)."""
+        for f in fields(self):
+            if f.name != "held_bytes":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+def _publish(view: memoryview, disk: DiskCache) -> None:
+    """The child's side: ``disk``'s counters into the ring's first page."""
+    (seq,) = _SEQ.unpack_from(view, _COUNTERS_AT)
+    _SEQ.pack_into(view, _COUNTERS_AT, seq + 1)
+    held = disk.held_bytes
+    _COUNTERS.pack_into(view, _COUNTERS_AT + _SEQ.size, disk.blocks_written, disk.bytes_written,
+                        disk.evictions, disk.evicted_bytes, disk.write_errors,
+                        -1 if held is None else held)
+    _SEQ.pack_into(view, _COUNTERS_AT, seq + 2)
+
+
+def _read_counters(view: memoryview) -> DiskCounters | None:
+    """The daemon's side: the counters the child published last (None if it was updating
+    them at each of a few tries: the caller keeps what it read before)."""
+    for _ in range(100):
+        (before,) = _SEQ.unpack_from(view, _COUNTERS_AT)
+        if before % 2 == 0:
+            values = _COUNTERS.unpack_from(view, _COUNTERS_AT + _SEQ.size)
+            (after,) = _SEQ.unpack_from(view, _COUNTERS_AT)
+            if after == before:
+                *counts, held = values
+                return DiskCounters(*counts, held_bytes=None if held < 0 else held)
+    return None
 
 
 class CacheWriter:
@@ -56,6 +107,7 @@ class CacheWriter:
         self._notes: int | None = None  # write end of the note pipe
         self._proc: subprocess.Popen[bytes] | None = None
         self._failed = False
+        self._counters = DiskCounters()  # the last read
 
     def start(self) -> IO[bytes] | None:
         """Start the child; returns its stderr (log lines to relay), None on failure."""
@@ -101,6 +153,15 @@ class CacheWriter:
             return self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
+
+    def counters(self) -> DiskCounters:
+        """What the child has written and evicted so far (a read of shared memory; zero
+        before it starts; its last values once it has exited)."""
+        if self._view is not None:
+            read = _read_counters(self._view)
+            if read is not None:
+                self._counters = read
+        return self._counters
 
     @property
     def ring_position(self) -> int:
@@ -201,6 +262,7 @@ def _child(notes_fd: int, ring_fd: int, capacity: int, directory: str, cache_siz
             disk.put_digest(digest, n, view[base : base + need])
         except Exception:  # one bad block must not stop the cache
             logging.exception("disk cache: writing a block failed")
+        _publish(view, disk)
         _CONSUMED.pack_into(view, 0, pos + need)
 
 

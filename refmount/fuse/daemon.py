@@ -250,8 +250,8 @@ async def _serve_metrics(mount: Mount | SetMount, sock: socket.socket) -> None:
         own = [fs.stats] if fs is not None else []
 
         def read() -> Reading:
-            return Reading("fuse", cores=[v.core for v in sets.open_versions()], own=own,
-                           sets=mount.describe())
+            return Reading("fuse", cores=[v.core for v in sets.counted_versions()], own=own,
+                           sets=mount.describe(), retired=sets.retired)
     else:
         def read() -> Reading:
             return Reading("fuse", cores=[mount.core])

@@ -122,5 +122,6 @@ class SetsRouter(SetEvents):
         from refmount.serving.metrics import Reading
 
         front.stats.http_connections = len(front._server.connections)
-        return Reading("http", cores=[v.core for v in self.sets.open_versions()], http=front.stats,
-                       http_latency=front.request_latency, sets=self.describe())
+        return Reading("http", cores=[v.core for v in self.sets.counted_versions()], http=front.stats,
+                       http_latency=front.request_latency, sets=self.describe(),
+                       retired=self.sets.retired)

@@ -8,6 +8,12 @@ a fixed set of values (a front end, a kind of request, an HTTP status, a cache, 
 protocol from ``stats.PROTOCOLS``): no URL, key, set name or credential is ever a label or a
 value, whatever the sets hold.
 
+Counters never go down while the process runs: the final counts of the set versions it has
+closed (``serving/retired.py``'s ``RetiredCounters``, kept by ``sets/opensets.py``) are added
+to those of the sets open now. The disk cache's writes, evictions and size are the cache
+writer process's own counts, read from the shared memory it is fed through
+(``cache/writer.py``'s ``DiskCounters``).
+
 A mount exposes it on a listener of its own (``-o metrics=HOST:PORT``: ``MetricsListener``,
 aiohttp's low-level server on the asyncio loop trio is a guest of); ``refmount serve`` at
 ``/.refmount/metrics`` beside its stats (``http/frontend.py``).
@@ -35,7 +41,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from refmount.base.errors import MountError
 from refmount.base.latency import Latency
 from refmount.base.stats import ERRORS, FETCHED_BYTES, FETCHES, RETRIES, Stats
+from refmount.cache.writer import DiskCounters
 from refmount.config import split_listen
+from refmount.serving.retired import RetiredCounters
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +58,8 @@ METRICS_PATH = "/metrics"  # on a mount's listener (serve: /.refmount/metrics)
 class Reading:
     """What one scrape reads: the cores of the sets open now (each with ``stats``, ``reader``
     and ``disk``), counters of no set (a catalogue's requests that reached none), the HTTP
-    server's counters and request latency, a catalogue's or reloaded set's ``describe()``."""
+    server's counters and request latency, a catalogue's or reloaded set's ``describe()``
+    and the counters of the versions it has closed."""
 
     frontend: str  # "fuse" or "http"
     cores: list[Any] = field(default_factory=list)
@@ -58,6 +67,7 @@ class Reading:
     http: Any = None  # http/frontend.py's ServerStats
     http_latency: Latency | None = None
     sets: dict[str, Any] | None = None
+    retired: RetiredCounters | None = None
 
 
 class MetricsCollector:
@@ -69,6 +79,8 @@ class MetricsCollector:
     def collect(self) -> Iterator[Metric]:
         r = self.read()
         stats = [c.stats for c in r.cores] + r.own
+        if r.retired is not None:
+            stats.append(r.retired.stats)
         total: dict[str, int] = {}
         for s in stats:
             for name, value in vars(s).items():
@@ -123,6 +135,8 @@ class MetricsCollector:
             latency = Latency()
             for c in r.cores:
                 latency.add(c.stats.request_latency)
+            if r.retired is not None:
+                latency.add(r.retired.stats.request_latency)
             _histogram(duration, ["fuse"], latency)
         if r.http is not None:
             http = r.http
@@ -153,12 +167,39 @@ class MetricsCollector:
         yield CounterMetricFamily("refmount_cache_misses",
                                   "blocks in no cache: fetched when a reader asked (demand misses)",
                                   value=total.get("misses", 0))
+        retired = r.retired or RetiredCounters()
+        disk = DiskCounters()
+        disk.add(retired.disk)
+        held: dict[str, int] = {}  # per cache directory (the sets of a catalogue share one)
+        for c in r.cores:
+            writer = getattr(c, "writer", None)
+            if writer is None or c.disk is None:
+                continue
+            now = writer.counters()
+            disk.add(now)
+            # the child's estimate once it has written, else what the start-up scan found (0
+            # until it is done)
+            estimate = now.held_bytes if now.held_bytes is not None else c.disk.scanned_bytes
+            held[c.disk.directory] = max(held.get(c.disk.directory, 0), estimate or 0)
         evictions = CounterMetricFamily("refmount_cache_evictions",
                                         "blocks dropped from a cache to make room", labels=["cache"])
-        evictions.add_metric(["memory"], sum(c.reader.memory.evictions for c in r.cores))
+        evictions.add_metric(["memory"], sum(c.reader.memory.evictions for c in r.cores)
+                             + retired.memory_evictions)
+        evictions.add_metric(["disk"], disk.evictions)
         yield evictions
-        size = GaugeMetricFamily("refmount_cache_bytes", "bytes held by a cache now", labels=["cache"])
+        yield _disk("refmount_cache_evicted_bytes", "bytes of block files evicted from the disk cache",
+                    disk.evicted_bytes)
+        yield _disk("refmount_cache_written_bytes", "bytes of block files written to the disk cache "
+                    "(headers included)", disk.bytes_written)
+        yield _disk("refmount_cache_written_blocks", "block files written to the disk cache",
+                    disk.blocks_written)
+        yield _disk("refmount_cache_write_errors", "writes to the disk cache that failed (each turns "
+                    "writing off for a minute)", disk.write_errors)
+        size = GaugeMetricFamily("refmount_cache_bytes", "bytes held by a cache now (disk: an estimate, "
+                                 "see docs/operations.md)", labels=["cache"])
         size.add_metric(["memory"], sum(c.reader.memory.size for c in r.cores))
+        if held:
+            size.add_metric(["disk"], sum(held.values()))
         yield size
         capacity = GaugeMetricFamily("refmount_cache_capacity_bytes", "the bound of a cache",
                                      labels=["cache"])
@@ -209,8 +250,11 @@ class MetricsCollector:
         yield GaugeMetricFamily("refmount_sets_open", "sets open now", value=d.get("sets_open", 0))
         yield GaugeMetricFamily("refmount_sets_max_open", "most sets open at once (max_open_sets)",
                                 value=d.get("max_open_sets", 0))
+        opens = d.get("set_opens")  # Sets' count (a removed set's versions stay counted)
+        if opens is None:
+            opens = sum(int(s.get("version", 0)) for s in states.values())
         yield CounterMetricFamily("refmount_set_opens", "versions of sets opened (first opens and reloads)",
-                                  value=sum(int(s.get("version", 0)) for s in states.values()))
+                                  value=opens)
         yield GaugeMetricFamily("refmount_sets_failed", "sets whose last open or reload failed",
                                 value=sum(1 for s in states.values() if s.get("error") is not None))
         yield CounterMetricFamily("refmount_set_index_failures", "opens and re-indexings of sets that failed",
@@ -224,6 +268,13 @@ class MetricsCollector:
                                   value=d.get("reload_checks", 0))
         yield GaugeMetricFamily("refmount_catalog_unreadable", "1 while the catalogue cannot be read again",
                                 value=1 if d.get("catalog_error") else 0)
+
+
+def _disk(name: str, doc: str, value: int) -> CounterMetricFamily:
+    """A counter of the disk cache alone, labelled like the others of the caches."""
+    family = CounterMetricFamily(name, doc, labels=["cache"])
+    family.add_metric(["disk"], value)
+    return family
 
 
 def _histogram(family: HistogramMetricFamily, labels: list[str], latency: Latency) -> None:

@@ -40,6 +40,7 @@ import trio
 
 from refmount.base.redact import redact_url
 from refmount.refs.limits import size_text
+from refmount.serving.retired import RetiredCounters
 from refmount.sets.setslots import Opened, SetEvents, SetSlot, SetUnavailable, SetVersion
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,10 @@ class Sets:
         # counted for refmount stats and the metrics: opens and re-indexings that failed,
         # versions swapped in by a reload, reloads that kept the old version after a failure
         self.index_failures = self.reloads = self.reload_failures = 0
+        self.versions_opened = 0  # first opens and new versions, of sets removed since too
+        # the final counters of the versions closed, which the metrics add to the open ones'
+        # (their counters only go up: serving/retired.py)
+        self.retired = RetiredCounters()
         self._vids = itertools.count(1)
         self.slots: dict[str, SetSlot] = {}
         self._by_vid: dict[int, SetSlot] = {}  # a slot's shown vid -> the slot
@@ -121,6 +126,11 @@ class Sets:
     def open_versions(self) -> list[SetVersion]:
         """Every version open now (current ones and replaced ones still read)."""
         return [v for v in self._versions.values() if not v.closing.is_set()]
+
+    def counted_versions(self) -> list[SetVersion]:
+        """Every version whose counters are not yet in ``retired``: the open ones, and those
+        closing (their cores may still count) until they are closed."""
+        return list(self._versions.values())
 
     def versions_of(self, name: str) -> list[SetVersion]:
         return [v for v in self.open_versions() if v.name == name]
@@ -241,9 +251,11 @@ class Sets:
         elif slot.versions == 0:
             vid = slot.vid  # the first version: the vid shown before it opened
             slot.versions = 1
+            self.versions_opened += 1
         else:
             vid = next(self._vids)
             slot.versions += 1
+            self.versions_opened += 1
         version = SetVersion(vid, slot.versions, slot.name, opened.core, opened.identity, opened.key,
                              opened.size)
         await self._start(version)
@@ -292,6 +304,7 @@ class Sets:
                 await trio.to_thread.run_sync(core.close)
                 if self._versions.get(version.vid) is version:
                     del self._versions[version.vid]
+                self.retired.fold(core)  # in the same step: a scrape counts it once, open or retired
                 version.closed.set()
                 log.info("set %s: version %d closed", version.name or "/", version.number)
 
@@ -467,6 +480,7 @@ class Sets:
         sets = {name: s.describe() for name, s in sorted(self.slots.items())
                 if s.versions or s.error is not None}
         return {"sets": len(self.slots), "sets_open": self.opened, "max_open_sets": self.max_open,
+                "set_opens": self.versions_opened,
                 "set_index_failures": self.index_failures, "set_reloads": self.reloads,
                 "set_reload_failures": self.reload_failures, "set_states": sets}
 

@@ -210,6 +210,14 @@ def test_prometheus_scrapes_a_mount_and_a_server(mount, serve, sentinel_set, pro
         assert len(series) == len([line for line in first.decode().splitlines()
                                    if line and not line.startswith("#")]), "series grew with keys"
 
+    # the blocks the mount's cache writer process wrote, as the daemon counts them (the server
+    # runs with no_disk_cache here)
+    text = wait_text(mount_url, lambda t: value(t, 'refmount_cache_written_blocks_total{cache="disk"}') >= 1)
+    assert value(text, 'refmount_cache_written_blocks_total{cache="disk"}') >= 1, text.decode()
+    assert value(text, 'refmount_cache_written_bytes_total{cache="disk"}') > PIECE
+    assert value(text, 'refmount_cache_bytes{cache="disk"}') > PIECE
+    assert value(text, 'refmount_cache_evictions_total{cache="disk"}') == 0  # far below its bound
+
     # a real Prometheus scrapes both
     (tmp_path / "scrape-token").write_text(token)
     prom = prometheus([
@@ -293,6 +301,21 @@ def test_a_catalogue_mount_and_server_count_their_sets_not_name_them(mount, serv
     status, text = get(f"http://127.0.0.1:{sport}/metrics")
     assert status == 200
     assert value(text, 'refmount_info{frontend="http"}') == 1 and value(text, "refmount_sets_open") == 1
+    # a reload replaces b; the old version, idle, closes, and its counts stay in the sums
+    read_before = value(text, "refmount_read_bytes_total")
+    assert read_before >= 100
+    inline_set(root / f"{KEY}b.json", 4)
+    os.kill(s.pid, signal.SIGUSR1)
+    text = wait_text(s.url + ".refmount/metrics", lambda t: value(t, "refmount_set_reloads_total") == 1)
+    assert value(text, "refmount_set_reloads_total") == 1, text.decode()
+    reply = s.request("GET", f"/{KEY}b/k")
+    assert reply.status == 200 and reply.body == bytes([4]) * 100
+    deadline = time.monotonic() + 10
+    while "version 1 closed" not in s.log_text():
+        assert time.monotonic() < deadline, "the replaced version did not close"
+        time.sleep(0.1)
+    text = get(s.url + ".refmount/metrics")[1]
+    assert value(text, "refmount_read_bytes_total") >= read_before + 100, text.decode()
 
 
 def test_a_metrics_address_in_use_is_one_error_and_nothing_mounted(mount_fails, sentinel_set):

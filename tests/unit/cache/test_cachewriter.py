@@ -152,3 +152,38 @@ def test_a_write_to_a_dead_child_turns_writing_off(disk: DiskCache, writer: Cach
     assert "cache writer process is gone" in caplog.text
     writer.submit(URL, 4096, b"def")
     assert not disk.may_contain(URL, 4096, 3)
+
+
+def test_the_childs_writes_and_evictions_reach_the_daemon(tmp_path: Path) -> None:
+    """The child counts what it wrote and evicted in the ring's first page; the daemon reads
+    them there (CacheWriter.counters), also once the child has exited."""
+    disk = DiskCache(str(tmp_path / "cache"), 1 * MiB)  # room for about 15 blocks of 64 KiB
+    disk.scan()
+    assert disk.scanned_bytes == 0
+    w = CacheWriter(disk, Stats(), ring_size=256 * KiB)
+    try:
+        assert w.counters() == cachewriter.DiskCounters()  # not started: nothing
+        start(w)
+        n, count = 64 * KiB, 40
+        deadline = time.monotonic() + 30
+        for i in range(count):
+            while True:  # offered again until the ring has room (as in the wrap-around test)
+                dropped = w.stats.cache_writes_dropped
+                w.submit(URL, i * n, block(i, n))
+                if w.stats.cache_writes_dropped == dropped:
+                    break
+                assert time.monotonic() < deadline, "the child did not free the ring"
+                time.sleep(0.02)
+        while w.counters().blocks_written < count:  # read while the child runs
+            assert time.monotonic() < deadline, w.counters()
+            time.sleep(0.02)
+    finally:
+        w.close(timeout=10)
+    got = w.counters()  # after the child exited: its last values
+    size = DiskCache.HEADER_SIZE + n
+    assert got.blocks_written == count and got.bytes_written == count * size
+    on_disk = [s for _, s, _ in disk.files()]
+    assert got.evictions == count - len(on_disk) > 0
+    assert got.evicted_bytes == got.evictions * size
+    assert got.held_bytes == sum(on_disk) <= disk.capacity
+    assert got.write_errors == 0
