@@ -26,9 +26,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote, unquote, unquote_to_bytes
 
-from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
+from refmount.base.errors import MountError
 
 __all__ = ["Denied", "SigV4Checker"]
 
@@ -73,6 +71,11 @@ class SigV4Checker:
     """Checks the requests of one access-key pair (the secret held here only)."""
 
     def __init__(self, access_key: str, secret_key: str, *, max_skew: float = 900.0) -> None:
+        try:  # imported with a key pair only: an anonymous or plain server never loads botocore
+            from botocore.credentials import Credentials
+        except ImportError:
+            raise MountError("s3_access_key needs botocore to check signatures: install "
+                             "refmount with its s3 extra (pip install 'refmount[s3]')") from None
         self._credentials = Credentials(access_key, secret_key)
         self.access_key = access_key
         self.max_skew = max_skew
@@ -205,6 +208,9 @@ class SigV4Checker:
         claim: _Claim,
         payload: str | None,
     ) -> str:
+        from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth
+        from botocore.awsrequest import AWSRequest
+
         signer_class = S3SigV4QueryAuth if payload == "UNSIGNED-PAYLOAD" else S3SigV4Auth
         signer = signer_class(self._credentials, "s3", claim.region)
         request = AWSRequest(
