@@ -300,7 +300,7 @@ def test_catalogue_sets_are_buckets_for_the_aws_cli_rclone_and_gdal(serve, datas
         "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
     }
     aws = shutil.which("aws")
-    assert aws, "the aws CLI is not installed (scripts/setup.sh installs awscli)"
+    assert aws, "the aws CLI (awscli, on PATH) is not installed"
     out = subprocess.run(
         [aws, "s3", "ls", "--no-sign-request", "--endpoint-url", endpoint, "s3://nc4-local/temp/"],
         capture_output=True,
