@@ -30,7 +30,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests/support/ imports as ``support``
 
 from support.datasets import Datasets, build
-from support.faultserver import FaultServer
+from support.faultserver import serving
 from support.mounts import (
     LIVE_MOUNTERS,
     FailingMounter,
@@ -222,13 +222,8 @@ def public(mount):
 @pytest.fixture
 def srv(tmp_path):
     """The fault-injecting HTTP server (tests/support/faultserver.py) on 127.0.0.1."""
-    s = FaultServer(tmp_path / "served")
-    s.root.mkdir(parents=True)
-    s.start()
-    try:
+    with serving(tmp_path / "served") as s:
         yield s
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="session")

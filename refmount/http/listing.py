@@ -126,14 +126,17 @@ def iter_html_index(path: str | bytes, entries: Iterable[Entry | tuple], mtime: 
             yield line + "\n"
         yield "</pre><hr></body>\n</html>\n"
 
-    yield from _pieces(lines(), chunk)
+    yield from in_pieces(lines(), chunk)
 
 
-def _pieces(parts: Iterable[str], chunk: int) -> Iterator[bytes]:
-    buf: list[bytes] = []
-    held = 0
+def in_pieces(parts: Iterable[str], chunk: int, head: bytes = b"",
+              errors: str = "strict") -> Iterator[bytes]:
+    """``head``, then ``parts`` encoded as UTF-8 (with ``errors``), joined into pieces of about
+    ``chunk`` bytes: a document streamed in bounded pieces."""
+    buf: list[bytes] = [head] if head else []
+    held = len(head)
     for part in parts:
-        data = part.encode("utf-8")
+        data = part.encode("utf-8", errors)
         buf.append(data)
         held += len(data)
         if held >= chunk:
@@ -177,7 +180,7 @@ def iter_json_index(path: str | bytes, entries: Iterable[Entry | tuple], *,
             yield ("," if i else "") + _json_entry(name, is_dir, size)
         yield "]}"
 
-    yield from _pieces(parts(), chunk)
+    yield from in_pieces(parts(), chunk)
 
 
 def _quality(accept: str, media: str) -> float:

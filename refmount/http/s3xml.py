@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from urllib.parse import quote
 from xml.sax.saxutils import escape
 
+from refmount.http.listing import in_pieces
+
 __all__ = [
     "NS",
     "Bucket",
@@ -148,7 +150,7 @@ def iter_listing(
             yield f"<CommonPrefixes>{_element('Prefix', _name(p, url))}</CommonPrefixes>"
         yield "</ListBucketResult>"
 
-    yield from _pieces(parts(), chunk)
+    yield from in_pieces(parts(), chunk, HEAD, "surrogateescape")
 
 
 def iter_list_buckets(buckets: Iterable[Bucket], chunk: int = 64 << 10) -> Iterator[bytes]:
@@ -161,7 +163,7 @@ def iter_list_buckets(buckets: Iterable[Bucket], chunk: int = 64 << 10) -> Itera
             yield f"<Bucket>{_element('Name', _text(b.name))}{created}</Bucket>"
         yield "</Buckets></ListAllMyBucketsResult>"
 
-    yield from _pieces(parts(), chunk)
+    yield from in_pieces(parts(), chunk, HEAD, "surrogateescape")
 
 
 def location_xml(region: str) -> bytes:
@@ -180,15 +182,3 @@ def error_xml(code: str, message: str, resource: str, request_id: str, **extra: 
     ).encode("utf-8", "surrogateescape")
 
 
-def _pieces(parts: Iterable[str], chunk: int) -> Iterator[bytes]:
-    buf: list[bytes] = [HEAD]
-    held = len(HEAD)
-    for part in parts:
-        data = part.encode("utf-8", "surrogateescape")
-        buf.append(data)
-        held += len(data)
-        if held >= chunk:
-            yield b"".join(buf)
-            buf, held = [], 0
-    if buf:
-        yield b"".join(buf)

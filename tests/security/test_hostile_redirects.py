@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from support import icechunk_data as ic
-from support.faultserver import FaultServer
+from support.faultserver import FaultServer, serving
 
 pytestmark = [pytest.mark.fuse, pytest.mark.timeout(300)]
 
@@ -29,13 +29,8 @@ INSIDE, OUTSIDE, B_X, SIGNED = (b"INSIDE-A" * 64, b"OUTSIDE-A" * 64, b"HOST-B-X"
 @pytest.fixture
 def other(tmp_path):
     """A second fault server: another host (port) than ``srv``."""
-    s = FaultServer(tmp_path / "other")
-    s.root.mkdir(parents=True)
-    s.start()
-    try:
+    with serving(tmp_path / "other") as s:
         yield s
-    finally:
-        s.stop()
 
 
 def hostile(srv: FaultServer, other: FaultServer, tmp_path: Path) -> tuple[Path, str, dict[str, str]]:

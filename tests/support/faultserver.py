@@ -61,6 +61,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -476,6 +477,18 @@ class FaultServer:
     def reset_log(self) -> None:
         with self._lock:
             self.requests.clear()
+
+
+@contextlib.contextmanager
+def serving(root: Path) -> Iterator[FaultServer]:
+    """A started fault server serving the new directory ``root``, stopped on leaving."""
+    s = FaultServer(root)
+    s.root.mkdir(parents=True)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
 
 
 def _main(argv: list[str]) -> int:
