@@ -5,22 +5,33 @@ its strong ``ETag`` (``http/validators.py``), from the tree's node without readi
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from refmount.base.errors import ReadError
-from refmount.http.pathplan import Unavailable
+from refmount.http.pathplan import Found, Unavailable
 from refmount.http.s3xml import ListItem
 from refmount.http.validators import etag_for, ref_parts
 
-if TYPE_CHECKING:
-    from refmount.http.frontend import HttpFrontEnd
-
 log = logging.getLogger(__name__)
 
-__all__ = ["file_info", "zmetadata_info"]
+__all__ = ["Planner", "file_info", "zmetadata_info"]
 
 
-async def file_info(front: HttpFrontEnd, node: Any, key: bytes, size: int) -> ListItem | None:
+class Planner(Protocol):
+    """What is asked of the HTTP front end (``PathPlanner``, which ``HttpFrontEnd`` extends): a
+    protocol, so that the front end's modules and these import nothing of each other's."""
+
+    core: Any  # its SetCore
+    _identity: str
+
+    def _file_found(self, key: str, node: Any, ref: Any, size: int, array: Any) -> Found: ...
+
+    async def _synthesizes_zmetadata(self) -> bool: ...
+
+    async def _synthesized_zmetadata(self) -> bytes: ...
+
+
+async def file_info(front: Planner, node: Any, key: bytes, size: int) -> ListItem | None:
     """In trio: the size and ETag of the file ``node`` (key ``key``, its listed ``size``);
     None when the HTTP view would not serve it (left out, one log line)."""
     core = front.core
@@ -47,7 +58,7 @@ async def file_info(front: HttpFrontEnd, node: Any, key: bytes, size: int) -> Li
     return ListItem(key, found.size, etag)
 
 
-async def zmetadata_info(front: HttpFrontEnd) -> ListItem | None:
+async def zmetadata_info(front: Planner) -> ListItem | None:
     """In trio: the synthesized ``.zmetadata`` of a set that has none (None otherwise)."""
     tree = front.core.tree
     if await tree.lookup(tree.root, b".zmetadata") is not None or not await front._synthesizes_zmetadata():

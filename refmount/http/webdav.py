@@ -16,19 +16,36 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Iterable
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from aiohttp.web_request import BaseRequest
 
 from refmount.base.errors import ReadError
-from refmount.http.fileinfo import file_info, zmetadata_info
+from refmount.http.fileinfo import Planner, file_info, zmetadata_info
 from refmount.http.pathplan import Found, Unavailable
 from refmount.http.s3xml import ListItem
 from refmount.http.validators import last_modified
 
-if TYPE_CHECKING:
-    from refmount.http.frontend import HttpFrontEnd
+
+class DavFront(Planner, Protocol):
+    """What a listing asks of the HTTP front end (``http/frontend.py``'s ``HttpFrontEnd``, which
+    calls this module: a protocol, not an import, so that neither imports the other)."""
+
+    caller: Any  # its TrioCaller
+    _mtime: float
+    _last_modified: str
+
+    async def _find(self, parts: list[bytes]) -> Found | None: ...
+
+    async def _send(self, request: BaseRequest, response: web.StreamResponse, data: bytes) -> bool: ...
+
+    async def _prepare(self, request: BaseRequest, response: web.StreamResponse) -> bool: ...
+
+    def _abort(self, request: BaseRequest, response: web.StreamResponse) -> web.StreamResponse: ...
+
+    @staticmethod
+    def _plain(status: int, headers: dict[str, str], text: str) -> web.Response: ...
 
 __all__ = ["DAV_HEADERS", "FINITE_DEPTH", "multistatus_entry", "propfind", "propfind_root"]
 
@@ -78,7 +95,7 @@ def _depth(request: BaseRequest) -> str | None:
 
 
 async def propfind(
-    front: HttpFrontEnd, request: BaseRequest, headers: dict[str, str], parts: list[bytes], prefix: str = ""
+    front: DavFront, request: BaseRequest, headers: dict[str, str], parts: list[bytes], prefix: str = ""
 ) -> web.StreamResponse:
     """The answer to a ``PROPFIND`` of ``parts`` (``prefix``: a catalogue's set before it)."""
     depth = _depth(request)
@@ -137,7 +154,7 @@ async def propfind(
 
 
 def propfind_root(
-    front: HttpFrontEnd, request: BaseRequest, headers: dict[str, str], names: Iterable[str]
+    front: DavFront, request: BaseRequest, headers: dict[str, str], names: Iterable[str]
 ) -> web.Response:
     """A catalogue's root: one collection per set (none opened)."""
     if _depth(request) is None:
@@ -161,14 +178,14 @@ def _multistatus(headers: dict[str, str], body: bytes) -> web.Response:
     return web.Response(status=207, headers=headers, body=body)
 
 
-async def _file(front: HttpFrontEnd, found: Found) -> ListItem | None:
+async def _file(front: DavFront, found: Found) -> ListItem | None:
     if found.node is None:  # the synthesized .zmetadata
         return await zmetadata_info(front)
     return await file_info(front, found.node, found.key.encode("utf-8", "surrogateescape"), found.size)
 
 
 async def _batch(
-    front: HttpFrontEnd, found: Found, token: int
+    front: DavFront, found: Found, token: int
 ) -> tuple[list[tuple[bytes, bool, Any]], int | None]:
     """In trio: up to ``BATCH`` entries of a directory from the resume token ``token`` (0 at
     first: then the synthesized ``.zmetadata`` first at the root), and the next token (None:
