@@ -80,6 +80,10 @@ ALLOWED = "GET, HEAD, OPTIONS, PROPFIND"
 UNAVAILABLE = "not served: what it would be made from is past the bounds of the server (see its log)"
 
 
+# the methods counted by name (the HTTP view's and the S3 dialect's); others are "other"
+COUNTED_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PROPFIND", "PUT", "POST", "DELETE", "none"})
+
+
 @dataclass
 class ServerStats:
     """The HTTP server's own counters (the core's are in ``core.stats``)."""
@@ -87,15 +91,20 @@ class ServerStats:
     http_requests: int = 0
     http_bytes_sent: int = 0
     http_status: dict[str, int] = field(default_factory=dict)  # "200" -> count
+    http_answers: dict[str, int] = field(default_factory=dict)  # "GET 200" -> count (metrics)
     http_aborted: int = 0  # responses cut off after their headers (target failed, client slow)
     http_connections: int = 0  # open now
     http_refused: int = 0  # connections over max_clients, answered 503
     http_planned_in_trio: int = 0  # requests that needed a call into trio (I/O) before their headers
     http_waited_on_loop: int = 0  # requests that waited for bytes read ahead without one
 
-    def count(self, status: int) -> None:
+    def count(self, status: int, method: str = "none") -> None:
+        """An answer of ``status`` to a request of ``method`` ("none": a connection refused
+        before any request; a method refmount does not answer counts as "other")."""
         key = str(status)
         self.http_status[key] = self.http_status.get(key, 0) + 1
+        answer = f"{method if method in COUNTED_METHODS else 'other'} {key}"
+        self.http_answers[answer] = self.http_answers.get(answer, 0) + 1
 
 
 
@@ -174,7 +183,7 @@ class HttpFrontEnd(PathPlanner):
             response = await self._answer(request, headers)
         except TrioGone:
             response = self._plain(503, headers, "the server is stopping")
-        self.stats.count(response.status)
+        self.stats.count(response.status, request.method)
         self.request_latency.observe(time.perf_counter() - began)
         return response
 

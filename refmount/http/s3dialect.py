@@ -127,7 +127,7 @@ class S3Dialect:
             # its body is never read (a client expecting 100-continue never sends it): not kept alive,
             # or what it sends next would be taken for that body
             response.force_close()
-        front.stats.count(response.status)
+        front.stats.count(response.status, request.method)
         return response
 
     async def _answer(self, request: BaseRequest, headers: dict[str, str]) -> web.StreamResponse:

@@ -140,12 +140,14 @@ class MetricsCollector:
             _histogram(duration, ["fuse"], latency)
         if r.http is not None:
             http = r.http
-            by_status = CounterMetricFamily("refmount_http_requests", "HTTP requests by status of the answer",
-                                            labels=["status"])
-            for status, n in sorted(http.http_status.items()):
+            answers = CounterMetricFamily("refmount_http_requests",
+                                          "HTTP requests by method and status of the answer",
+                                          labels=["method", "status"])
+            for answer, n in sorted(http.http_answers.items()):
+                method, _, status = answer.partition(" ")
                 if status.isdigit() and len(status) == 3:  # statuses refmount answers: a bounded set
-                    by_status.add_metric([status], n)
-            yield by_status
+                    answers.add_metric([method, status], n)  # methods: ServerStats.count's few
+            yield answers
             yield CounterMetricFamily("refmount_http_sent_bytes", "bytes of HTTP bodies sent",
                                       value=http.http_bytes_sent)
             yield CounterMetricFamily("refmount_http_aborted", "HTTP responses cut off after their headers",

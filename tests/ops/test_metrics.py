@@ -192,7 +192,7 @@ def test_prometheus_scrapes_a_mount_and_a_server(mount, serve, sentinel_set, pro
     assert s.request("GET", "/warm/a", auth).status == 200
     assert s.request("GET", "/warm/a", auth).status == 200
     served = get(serve_url, token)[1]
-    assert value(served, 'refmount_http_requests_total{status="200"}') >= 3
+    assert value(served, 'refmount_http_requests_total{method="GET",status="200"}') >= 3
     assert value(served, 'refmount_fetches_total{protocol="http"}') == 1
     assert value(served, 'refmount_cache_hits_total{cache="memory"}') >= 1
     assert value(served, 'refmount_request_duration_seconds_count{frontend="http"}') >= 3
@@ -296,7 +296,7 @@ def test_a_catalogue_mount_and_server_count_their_sets_not_name_them(mount, serv
     assert status == 200
     promtool_check(text)
     assert value(text, "refmount_sets") == 2 and value(text, "refmount_sets_open") == 1
-    assert value(text, 'refmount_http_requests_total{status="200"}') >= 1
+    assert value(text, 'refmount_http_requests_total{method="GET",status="200"}') >= 1
     no_sentinel(text)
     status, text = get(f"http://127.0.0.1:{sport}/metrics")
     assert status == 200

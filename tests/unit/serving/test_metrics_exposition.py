@@ -87,7 +87,8 @@ def test_several_sets_and_http_counters_add_up():
     a.stats.reads, b.stats.reads = 2, 5
     a.stats.fetched("https://x/1", 10, 0.001)
     b.stats.fetched("https://y/2", 20, 0.001)
-    http = SimpleNamespace(http_status={"200": 7, "404": 1}, http_bytes_sent=99, http_aborted=0,
+    http = SimpleNamespace(http_status={"200": 7, "404": 1},
+                           http_answers={"GET 200": 7, "HEAD 404": 1}, http_bytes_sent=99, http_aborted=0,
                            http_refused=0, http_connections=1)
     latency = Latency()
     latency.observe(0.004)
@@ -98,7 +99,8 @@ def test_several_sets_and_http_counters_add_up():
     text = exposition(MetricsCollector(lambda: Reading("http", cores=[a, b], http=http,
                                                        http_latency=latency, sets=sets)))
     assert value(text, "refmount_fetched_bytes_total", protocol="https") == 30
-    assert value(text, "refmount_http_requests_total", status="200") == 7
+    assert value(text, "refmount_http_requests_total", method="GET", status="200") == 7
+    assert value(text, "refmount_http_requests_total", method="HEAD", status="404") == 1
     assert value(text, "refmount_http_sent_bytes_total") == 99
     assert value(text, "refmount_request_duration_seconds_count", frontend="http") == 1
     assert value(text, "refmount_sets_open") == 2
@@ -160,7 +162,8 @@ def test_promtool_accepts_the_exposition():
     c = core()
     c.stats.fetched("https://h/x", 5, 0.01)
     c.stats.request_latency.observe(0.001)
-    http = SimpleNamespace(http_status={"200": 1}, http_bytes_sent=1, http_aborted=0, http_refused=0,
+    http = SimpleNamespace(http_status={"200": 1}, http_answers={"GET 200": 1}, http_bytes_sent=1,
+                           http_aborted=0, http_refused=0,
                            http_connections=0)
     for reading in (Reading("fuse", cores=[c]), Reading("http", cores=[c], http=http,
                                                           http_latency=Latency(), sets={"sets": 1})):
@@ -176,7 +179,8 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples"
 def every_metric_name() -> set[str]:
     c = core()
     c.stats.fetched("https://h/x", 5, 0.01)
-    http = SimpleNamespace(http_status={"200": 1}, http_bytes_sent=1, http_aborted=0, http_refused=0,
+    http = SimpleNamespace(http_status={"200": 1}, http_answers={"GET 200": 1}, http_bytes_sent=1,
+                           http_aborted=0, http_refused=0,
                            http_connections=0)
     names: set[str] = set()
     for reading in (Reading("fuse", cores=[c]), Reading("http", cores=[c], http=http,
