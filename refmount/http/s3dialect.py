@@ -83,6 +83,8 @@ class S3Dialect:
         self.checker = checker
         self._markers: OrderedDict[tuple[bytes, bytes], Cursor] = OrderedDict()
         self._slots = trio.CapacityLimiter(LISTING_SLOTS)
+        self._id_prefix = os.urandom(3).hex().upper()  # request ids: this prefix and a count
+        self._requests = 0
         self._server = web_server.Server(
             self.handle,
             handler_cancellation=True,
@@ -110,7 +112,8 @@ class S3Dialect:
     async def handle(self, request: BaseRequest) -> web.StreamResponse:
         front = self.front
         front.stats.http_requests += 1
-        headers = {"x-amz-request-id": os.urandom(8).hex().upper()}
+        self._requests += 1
+        headers = {"x-amz-request-id": f"{self._id_prefix}{self._requests:010X}"}
         if front.cors:
             headers.update(cors_headers(front.cors, request.headers.get("Origin")))
         try:
@@ -152,8 +155,8 @@ class S3Dialect:
             raise S3Error(
                 501, "NotImplemented", f"{request.method} is not implemented: the buckets are read-only"
             )
-        names = {urllib.parse.unquote(k) for k, _ in query}
-        if names & SUBRESOURCES:
+        names = {urllib.parse.unquote(k) for k, _ in query} if query else _NO_NAMES
+        if names and names & SUBRESOURCES:
             raise S3Error(
                 501, "NotImplemented", "this operation is not implemented: the buckets are read-only"
             )
@@ -168,7 +171,8 @@ class S3Dialect:
         async with _Held(self, bucket) as front:
             if not rest:
                 return await self._bucket(request, headers, front, bucket, query, names)
-            return await self._object(request, headers, front, "/" + rest, dict(query))
+            given = dict(query) if query else _NO_QUERY
+            return await self._object(request, headers, front, "/" + rest, given)
 
     # ---- buckets -----------------------------------------------------------------------------
     def _names(self) -> list[str]:
@@ -198,7 +202,7 @@ class S3Dialect:
         front: HttpFrontEnd,
         bucket: str,
         query: list[tuple[str, str]],
-        names: set[str],
+        names: set[str] | frozenset[str],
     ) -> web.StreamResponse:
         headers["x-amz-bucket-region"] = self.region
         if request.method == "HEAD":
@@ -342,13 +346,12 @@ class S3Dialect:
         raw: str,
         query: dict[str, str],
     ) -> web.StreamResponse:
-        key = urllib.parse.unquote(raw[1:], errors="surrogateescape")
         # an S3 key is literal: one with an empty component (``a//b``) is no key of the tree
         parts = None if b"//" in urllib.parse.unquote_to_bytes(raw) else path_names(raw)
         if parts is None:
-            raise S3Error(404, "NoSuchKey", "the specified key does not exist", Key=key)
+            raise _no_such_key(raw)
         if parts[-1] == b"":
-            raise S3Error(404, "NoSuchKey", "the specified key does not exist", Key=key)
+            raise _no_such_key(raw)
         conditions = {
             name: request.headers.get(name)
             for name in ("Range", "If-Range", "If-None-Match", "If-Modified-Since")
@@ -360,11 +363,11 @@ class S3Dialect:
                 503, "ServiceUnavailable", "not served: past the bounds of the server (see its log)"
             ) from None
         except ReadError as e:
-            raise self._failed(front, key, e) from None
+            raise self._failed(front, _key(raw), e) from None
         if plan is None or plan.found.is_dir:
-            raise S3Error(404, "NoSuchKey", "the specified key does not exist", Key=key)
+            raise _no_such_key(raw)
         if plan.error is not None:
-            raise self._failed(front, key, plan.error)
+            raise self._failed(front, _key(raw), plan.error)
         etag = plan.headers["ETag"]
         if_match = request.headers.get("If-Match")
         if if_match is not None and not (if_match.strip() == "*" or not_modified(if_match, etag)):
@@ -388,9 +391,10 @@ class S3Dialect:
                 "the requested range is not satisfiable",
                 ActualObjectSize=str(plan.found.size),
             )
-        for name, header in RESPONSE_OVERRIDES.items():
-            if name in query:
-                plan.headers[header] = urllib.parse.unquote(query[name])
+        if query:
+            for name, header in RESPONSE_OVERRIDES.items():
+                if name in query:
+                    plan.headers[header] = urllib.parse.unquote(query[name])
         return await front._file(request, plan, headers)
 
     async def _plan(
@@ -446,6 +450,18 @@ class S3Dialect:
         return self._xml(
             e.status, headers, error_xml(e.code, e.message, resource, headers["x-amz-request-id"], **e.extra)
         )
+
+
+_NO_NAMES: frozenset[str] = frozenset()
+_NO_QUERY: dict[str, str] = {}  # never written
+
+
+def _key(raw: str) -> str:
+    return urllib.parse.unquote(raw[1:], errors="surrogateescape")
+
+
+def _no_such_key(raw: str) -> S3Error:
+    return S3Error(404, "NoSuchKey", "the specified key does not exist", Key=_key(raw))
 
 
 class _Held:

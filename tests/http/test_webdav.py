@@ -1,12 +1,16 @@
 """WebDAV listings of ``refmount serve`` (PROPFIND, Depth 0 and 1), read by rclone's webdav
-backend and obstore's ``HTTPStore``; every write method 405; Depth infinity refused."""
+backend (listing and ``rclone mount``) and obstore's ``HTTPStore``; every write method 405;
+Depth infinity refused."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import time
+import urllib.parse
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 from support.datasets import write_json
@@ -131,3 +135,48 @@ def test_a_catalogues_root_lists_its_sets_and_each_set_its_keys(serve, keyset, t
         == "5000"
     )
     assert s.request("PROPFIND", "/", {"Depth": "infinity"}).status == 403
+
+
+def test_rclone_mount_over_webdav_lists_and_reads_what_the_http_view_serves(serve, keyset, tmp_path):
+    """A FUSE mount of the HTTP view by a WebDAV client (``rclone mount`` over its webdav backend,
+    which walks the tree with PROPFIND Depth 1): the same tree, sizes and bytes."""
+    s = serve(keyset)
+    rclone, fusermount = shutil.which("rclone"), shutil.which("fusermount3")
+    assert rclone and fusermount, "rclone and fusermount3 are installed by scripts/setup.sh"
+    mnt = tmp_path / "davmnt"
+    mnt.mkdir()
+    proc = subprocess.Popen(
+        [rclone, "mount", f":webdav,url='{s.url}':", str(mnt), "--read-only", "--vfs-cache-mode", "off"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "RCLONE_CONFIG": "/dev/null"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.ismount(mnt):
+            assert proc.poll() is None, proc.stderr.read().decode(errors="replace")
+            assert time.monotonic() < deadline, "rclone mount did not mount in 60 s"
+            time.sleep(0.1)
+        seen = {}
+        for root, _dirs, files in os.walk(mnt):
+            for name in files:
+                path = os.path.join(root, name)
+                seen[os.path.relpath(path, mnt)] = (os.stat(path).st_size, Path(path).read_bytes())
+        assert sorted(seen) == sorted(
+            [".zgroup", ".zmetadata", "a&b<c>.txt", "sp ace.txt", "dir/sub/one", "dir/three", "big"]
+        )
+        for key, (size, data) in seen.items():
+            http = s.request("GET", "/" + urllib.parse.quote(key))
+            assert http.status == 200 and data == http.body and size == len(http.body), key
+        with open(mnt / "big", "rb") as f:  # a read in the middle: a ranged GET
+            f.seek(1234)
+            assert f.read(100) == s.request("GET", "/big", {"Range": "bytes=1234-1333"}).body
+        with pytest.raises(OSError):
+            (mnt / "new").write_bytes(b"x")
+    finally:
+        subprocess.run([fusermount, "-u", str(mnt)], capture_output=True, timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
