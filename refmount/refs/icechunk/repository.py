@@ -36,7 +36,7 @@ from refmount.refs.icechunk.refsfile import (
     ref_name_ok,
 )
 from refmount.refs.icechunk.snapshot import Snapshot
-from refmount.refs.icechunk.storage import Storage, is_repository
+from refmount.refs.icechunk.storage import ROOTED, Storage, is_repository, rooted_layout
 from refmount.refs.limits import DEFAULT_LIMITS, Limits
 
 __all__ = ["ChunkRef", "IcechunkError", "Node", "Repository", "Snapshot", "SnapshotInfo"]
@@ -84,6 +84,8 @@ class Repository:
         if storage.exists("refs/branch.main/ref.json") or storage.exists("config.yaml"):
             return cls(storage, url, limits, 1, None, manifest_cache_bytes)
         if not is_local(url):
+            if rooted_layout(storage):
+                raise IcechunkError(f"{redact_url(url)}: {ROOTED}")
             storage.head("repo", 1)  # remote storage answers "no" to exists() when it cannot be
             # reached at all: this read names the failure (unknown host, refused, timeout)
         raise IcechunkError(f"{redact_url(url)}: not an Icechunk repository (no repo object, no "
