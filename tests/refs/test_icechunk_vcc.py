@@ -29,3 +29,13 @@ def test_relative_virtual_chunks_read_through_a_mount(mount, tmp_path) -> None:
     log = m.log_text()
     assert "naming container 'nowhere', which the repository does not declare" in log
     assert "outside every virtual chunk container" in log
+
+
+def test_relative_virtual_chunks_over_serve(serve, tmp_path) -> None:
+    built = vcc_repo(tmp_path / "repo", tmp_path / "files")
+    s = serve(built.root, f"allow_local={built.files}")
+    reply = s.request("GET", "/v/c/1")
+    assert reply.status == 200 and np.frombuffer(reply.body, "<f4").tolist() == built.v[4:].tolist()
+    assert s.request("GET", "/w/c/0").status == 502
+    assert s.request("GET", "/x/c/0").status == 502
+    assert "which the repository does not declare" in s.log_text()
