@@ -10,7 +10,9 @@ the manifests.
 Chunks become references: an inline one its bytes, a native one a range of the repository's
 object (``Repository.object_url``: read with SOURCE's storage options, ``OpenedTree.own_objects``),
 a virtual one a range of its URL, read only when the URL lies under a virtual chunk container
-the repository declares **and** the mount authorises (``access``, from the target rules).
+the repository declares **and** the mount authorises (``access``, from the target rules). A
+relative location (``vcc://NAME/path``, locations.py) is first made the URL its named
+container's prefix gives it, then treated as any other virtual chunk's URL.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from refmount.base.urls import climbs, is_local, local_path, normal_url
 from refmount.refs.format import Access, Format, IndexFile, OpenedTree, Options
 from refmount.refs.icechunk.errors import IcechunkError
 from refmount.refs.icechunk.keys import ChunkKeys, UnsupportedArray
+from refmount.refs.icechunk.locations import UnknownContainer, absolute
 from refmount.refs.icechunk.storage import is_repository
 from refmount.refs.limits import DEFAULT_LIMITS, Limits
 from refmount.refs.model import FILE_SUFFIXES, Ref, RefKind
@@ -150,9 +153,20 @@ class ChunkRefs:
     def __init__(self, repo: Repository, access: Access | None) -> None:
         self.repo = repo
         self.containers = list(repo.virtual_chunk_containers())
+        self.names = repo.virtual_chunk_container_names()
         self.access = access
         if access is not None:
             access.declare(self.containers)
+
+    def absolute(self, location: str) -> str:
+        """The URL of a virtual chunk's location (a relative one resolved against its named
+        container); UnknownContainer when it names a container the repository does not."""
+        return absolute(location, self.names)
+
+    def unknown(self, name: str) -> str:
+        known = ", ".join(sorted(self.names)) or "none"
+        return (f"a relative virtual chunk location naming container {name!r}, which the "
+                f"repository does not declare (its named containers: {known})")
 
     def container(self, url: str) -> str | None:
         covering = [p for p in self.containers if _covers(p, url)]
@@ -186,7 +200,13 @@ class ChunkRefs:
             return Ref(RefKind.INLINE, None, 0, len(data), data)
         if chunk.kind == "native":
             return Ref(RefKind.RANGE, self.repo.object_url(chunk.location or ""), chunk.offset, chunk.length)
-        url = chunk.location or ""
+        location = chunk.location or ""
+        try:
+            url = self.absolute(location)
+        except UnknownContainer as e:
+            from refmount.refs.icechunk.tree import virtual_refusal
+
+            raise virtual_refusal(location, self.unknown(e.name)) from None
         reason = self.refusal(url)
         if reason:
             from refmount.refs.icechunk.tree import virtual_refusal
@@ -328,7 +348,12 @@ def snapshot_references(repo: Repository, snapshot: Snapshot,
                 continue
             name = keys.key(keys.number(tuple(coords)))
             if chunk.kind == "virtual":
-                url = chunk.location or ""
+                try:
+                    url = to_ref.absolute(chunk.location or "")
+                except UnknownContainer as e:
+                    unknown = f"vcc://{e.name}"
+                    refused[unknown] = refused.get(unknown, 0) + 1
+                    continue
                 if checked is not None and checked.refusal(url):
                     container = checked.container(url) or "(no container)"
                     refused[container] = refused.get(container, 0) + 1
@@ -338,7 +363,8 @@ def snapshot_references(repo: Repository, snapshot: Snapshot,
             else:
                 yield f"{node.path}/{name}" if node.path else name, to_ref(chunk)
     for container, n in sorted(refused.items()):
-        why = ("the container is not declared by the repository" if container == "(no container)"
+        why = ("the container is not declared by the repository"
+               if container == "(no container)" or container.startswith("vcc://")
                else f"the container is not authorised: authorise it with {authorisation(container)}")
         log.warning("%s virtual chunks under %s left out: %s", f"{n:,}", redact_url(container), why)
         if access is not None:

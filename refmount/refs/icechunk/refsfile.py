@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from refmount.refs.icechunk import ids, schema
-from refmount.refs.icechunk.config import containers_from_flexbuffer
+from refmount.refs.icechunk.config import Declared, containers_from_flexbuffer
 from refmount.refs.icechunk.errors import IcechunkError
 from refmount.refs.icechunk.fbs.Repo import Repo
 from refmount.refs.icechunk.records import SnapshotInfo
@@ -62,7 +62,7 @@ class RepoInfo:
     tags: dict[str, str]
     deleted_tags: set[str]
     snapshots: dict[str, SnapshotInfo]
-    containers: list[str] = field(default_factory=list)
+    containers: Declared = field(default_factory=Declared)
 
 
 def parse_repo_info(data: bytes | bytearray, name: str, max_entries: int) -> RepoInfo:

@@ -24,7 +24,7 @@ from refmount.base.lru import LRU
 from refmount.base.redact import redact_url
 from refmount.base.urls import is_local
 from refmount.refs.icechunk import header, ids
-from refmount.refs.icechunk.config import MAX_CONFIG, containers_from_yaml
+from refmount.refs.icechunk.config import MAX_CONFIG, Declared, containers_from_yaml
 from refmount.refs.icechunk.errors import IcechunkError
 from refmount.refs.icechunk.manifest import Manifest
 from refmount.refs.icechunk.records import ChunkRef, Node, SnapshotInfo
@@ -36,7 +36,7 @@ from refmount.refs.icechunk.refsfile import (
     ref_name_ok,
 )
 from refmount.refs.icechunk.snapshot import Snapshot
-from refmount.refs.icechunk.storage import Storage, is_repository
+from refmount.refs.icechunk.storage import ROOTED, Storage, is_repository, rooted_layout
 from refmount.refs.limits import DEFAULT_LIMITS, Limits
 
 __all__ = ["ChunkRef", "IcechunkError", "Node", "Repository", "Snapshot", "SnapshotInfo"]
@@ -61,7 +61,7 @@ class Repository:
         self._lock = threading.Lock()
         self._manifests: LRU[str, Manifest] = LRU(max_weight=manifest_cache_bytes,
                                                    weigh=lambda m: m.nbytes, keep_newest=True)
-        self._containers: list[str] | None = info.containers if info is not None else None
+        self._containers: Declared | None = info.containers if info is not None else None
         self._shown_root = redact_url(url)
 
     @property
@@ -84,6 +84,8 @@ class Repository:
         if storage.exists("refs/branch.main/ref.json") or storage.exists("config.yaml"):
             return cls(storage, url, limits, 1, None, manifest_cache_bytes)
         if not is_local(url):
+            if rooted_layout(storage):
+                raise IcechunkError(f"{redact_url(url)}: {ROOTED}")
             storage.head("repo", 1)  # remote storage answers "no" to exists() when it cannot be
             # reached at all: this read names the failure (unknown host, refused, timeout)
         raise IcechunkError(f"{redact_url(url)}: not an Icechunk repository (no repo object, no "
@@ -238,15 +240,22 @@ class Repository:
             self._manifests.put(manifest_id, manifest)
         return manifest
 
-    def virtual_chunk_containers(self) -> list[str]:
-        """The URL prefixes of the virtual chunk containers the repository's config declares."""
+    def _declared(self) -> Declared:
         if self._containers is None:
             if self._storage.exists("config.yaml"):
                 text = self._storage.read("config.yaml", MAX_CONFIG)
                 self._containers = containers_from_yaml(text, self._storage.shown("config.yaml"))
             else:
-                self._containers = []
-        return list(self._containers)
+                self._containers = Declared()
+        return self._containers
+
+    def virtual_chunk_containers(self) -> list[str]:
+        """The URL prefixes of the virtual chunk containers the repository's config declares."""
+        return list(self._declared().prefixes)
+
+    def virtual_chunk_container_names(self) -> dict[str, str]:
+        """Name -> URL prefix of the named virtual chunk containers (``vcc://NAME/...``)."""
+        return dict(self._declared().names)
 
     def object_url(self, location: str) -> str:
         """The absolute URL of a native chunk's object (``location`` as a ChunkRef gives it)."""

@@ -211,6 +211,24 @@ class Storage:
         return [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries]
 
 
+ROOTED_ANCHORS = ("/repo", "/refs/branch.main/ref.json")
+ROOTED = ("an Icechunk repository at the bucket root whose keys start with '/' (/repo, "
+          "/snapshots/..., /chunks/...: the layout icechunk before 2.1 wrote at an empty prefix on "
+          "an object store, earth-mover/icechunk#2239) is not read: copy its objects to keys without "
+          "the leading '/', under a prefix, and give that as SOURCE")
+
+
+def rooted_layout(storage: Storage) -> bool:
+    """Whether ``storage`` is an object store's bucket root holding icechunk's legacy
+    leading-slash keys (``/repo``, ``/refs/...``) rather than the standard ones."""
+    scheme = storage.url.split("://", 1)[0].lower() if "://" in storage.url else ""
+    if is_local(storage.url) or scheme in ("http", "https") or not storage.path:
+        return False
+    if "/" in storage.path.split("?", 1)[0].strip("/"):
+        return False  # a repository under a prefix: icechunk never rooted its keys there
+    return any(storage.exists(anchor) for anchor in ROOTED_ANCHORS)
+
+
 def is_repository(url: str, storage_options: Mapping[str, Any], timeout: float | None = 30.0,
                   roots: tuple[str, ...] | list[str] | None = None) -> bool:
     """Whether ``url`` looks like an Icechunk repository: a ``repo`` object starting with
@@ -223,7 +241,8 @@ def is_repository(url: str, storage_options: Mapping[str, Any], timeout: float |
         storage = Storage(url, storage_options, timeout, roots)
         if storage.exists("repo"):
             return storage.head("repo", len(header.MAGIC)) == header.MAGIC
-        return storage.exists("refs/branch.main/ref.json")
+        # a rooted repository is one: opening it names why it is not read
+        return storage.exists("refs/branch.main/ref.json") or rooted_layout(storage)
     except ObjectRefused:
         raise
     except (IcechunkError, OSError, ValueError):

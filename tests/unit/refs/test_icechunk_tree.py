@@ -77,11 +77,15 @@ class FakeRepository:
     root = "s3://bucket/repo"
     format_version = 1
 
-    def __init__(self, containers: list[str]) -> None:
+    def __init__(self, containers: list[str], names: dict[str, str] | None = None) -> None:
         self.containers = containers
+        self.names = names or {}
 
     def virtual_chunk_containers(self) -> list[str]:
         return self.containers
+
+    def virtual_chunk_container_names(self) -> dict[str, str]:
+        return self.names
 
     def object_url(self, location: str) -> str:
         return f"{self.root}/{location}"

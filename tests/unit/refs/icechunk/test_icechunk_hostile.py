@@ -323,7 +323,7 @@ def test_config_hostile() -> None:
     with pytest.raises(IcechunkError, match="not valid YAML"):
         containers_from_yaml(b"a: [\n", "c")
     assert containers_from_yaml(b"virtual_chunk_containers:\n  s3://b/:\n    url_prefix: s3://b/\n"
-                                b"    store: !s3 {region: x}\n", "c") == ["s3://b/"]
+                                b"    store: !s3 {region: x}\n", "c").prefixes == ["s3://b/"]
     rnd = random.Random(4)
     for _ in range(2000):
         blob = bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 64)))
