@@ -43,10 +43,11 @@ if [ "$BENCH" -eq 1 ] && [ "$PROFILE" = demo ]; then
     exit 2
 fi
 
-# fuse3/libfuse3-dev/pkg-config/gcc/python3-dev: pyfuse3 is an sdist built against libfuse3.
+# fuse3/libfuse3-dev/pkg-config/gcc/python3-dev: pyfuse3 is an sdist built against libfuse3;
+# patch: applies patches/pyfuse3-noopen.patch to it.
 # python3-venv: `python3 -m venv` on Debian's python3.
 # netcdf-bin (ncdump): the demo's netCDF-C client.
-PKGS=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv netcdf-bin)
+PKGS=(fuse3 libfuse3-dev pkg-config gcc python3-dev python3-venv netcdf-bin patch)
 if [ "$PROFILE" = test ]; then
     # nginx-light (HTTP range server), attr, curl, psmisc: tests;
     # systemd: systemd-analyze verify of the unit files in tests;
