@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -26,16 +25,11 @@ from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 from support.datasets import write_json
+from support.servers import free_port
 
 pytestmark = [pytest.mark.timeout(600)]
 
 SECRET = "s3cr3t-Never-Shown-0123456789abcdef"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def s3_serve(serve, source, *opts: str):

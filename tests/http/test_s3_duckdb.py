@@ -7,22 +7,16 @@ from __future__ import annotations
 
 import json
 import pathlib
-import socket
 import urllib.parse
 
 import duckdb  # the test extra: duckdb with duckdb-extension-httpfs of the same release
 import pytest
 from support.datasets import write_json
+from support.servers import free_port
 
 pytestmark = [pytest.mark.timeout(300)]
 
 SECRET = "duck-s3cr3t-0123456789abcdef"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def connect(port: int, signed: tuple[str, str] | None = None):

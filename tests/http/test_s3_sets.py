@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import urllib.parse
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -21,16 +20,11 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from support import icechunk_data as ic
 from support.mounts import run_cli
+from support.servers import free_port
 
 pytestmark = [pytest.mark.timeout(600)]
 
 D = "{DAV:}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def s3_serve(serve, source, *opts: str):
